@@ -64,7 +64,9 @@ class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
         sde_type: str = "sde",
     ) -> SDEStepOutput:
         """Method form of :func:`sde_step_with_logprob` (same arguments)."""
-        return sde_step_with_logprob(self, model_output, timestep, sample, noise_level, prev_sample, generator, sde_type)
+        return sde_step_with_logprob(
+            self, model_output, timestep, sample, noise_level, prev_sample, generator, sde_type
+        )
 
 
 def _batch_view(values: torch.Tensor, ndim: int) -> torch.Tensor:
