@@ -1,0 +1,37 @@
+"""Tiny random models that the project builds itself (tests, CI, the default CPU run).
+
+Nothing can be downloaded at run time, so every model a test or the default run needs is built
+here from a config with random weights and a tokenizer trained offline. Each builder writes a
+directory in the layout of the real checkpoint, so the same loading code serves both.
+
+CLI: ``python -m verl_omni.utils.tiny_models NAME --out DIR [--seed S]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+# name -> "module:function"; each function is ``build(out_dir: Path, seed: int) -> Path``.
+# Lazy strings keep ``import verl_omni.utils.tiny_models`` free of torch/transformers imports.
+_BUILDERS: dict[str, str] = {
+    "qwen_image": "verl_omni.utils.tiny_models.qwen_image:build_tiny_qwen_image",
+}
+
+
+def available_builders() -> list[str]:
+    return sorted(_BUILDERS)
+
+
+def get_builder(name: str) -> Callable[[Path, int], Path]:
+    """Return the builder registered under ``name``; unknown names list the choices."""
+    if name not in _BUILDERS:
+        raise ValueError(f"Unknown tiny model {name!r}. Available: {', '.join(available_builders())}.")
+    module, func = _BUILDERS[name].split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """Build the tiny model ``name`` into ``out_dir`` (created) and return the directory."""
+    return get_builder(name)(Path(out_dir), seed)
