@@ -85,6 +85,8 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix)
         self.scheduler = FlowMatchSDEDiscreteScheduler.from_config(self.scheduler.config)
+        # requests per transformer batch, in order: read by the worker extension (batching metric)
+        self.request_batch_sizes: list[int] = []
 
     # ---- text conditioning from token ids -------------------------------------------------
 
@@ -163,6 +165,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             # the engine's start-up warm-up request carries text, not token ids: stock path
             return super().forward(req)
         sps = req.sampling_params_list
+        self.request_batch_sizes.append(req.num_reqs)
         # 1. Shared shape/schedule parameters, then per-request (per-sample) settings.
         height = self._common_value(sps, "height") or self.default_sample_size * self.vae_scale_factor
         width = self._common_value(sps, "width") or self.default_sample_size * self.vae_scale_factor
@@ -209,6 +212,8 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
 
         # 4. Decode and split per request.
         images = self._decode_latents(state.latents, height, width, "pt").output
+        if not bool(torch.isfinite(images).all()):
+            raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
         return self._split_outputs(requests, state, images, prompt_embeds, prompt_mask, neg_embeds, neg_mask)
 
     def _denoise(self, state, prompt_embeds, prompt_mask, neg_embeds, neg_mask, do_true_cfg, cfg_scale, height, width):

@@ -1,0 +1,94 @@
+"""LoRA adapters as in-memory tensors for vLLM-Omni's diffusion LoRA manager.
+
+vLLM-Omni 0.26 loads diffusion LoRA adapters from a path only. ``TensorLoRARequest`` carries the
+PEFT config and the tensors themselves (they travel to the worker with the ``add_lora`` RPC, no
+files), and ``TensorLoRAManager`` — installed by our worker extension when the worker builds its
+LoRA manager — builds the adapter from them. ``bound_modules`` is the probe the server runs after
+every sync: an adapter whose names match no module would otherwise train nothing while the
+rollout looks healthy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.lora.lora_model import LoRAModel
+from vllm.lora.peft_helper import PEFTHelper
+from vllm.lora.request import LoRARequest
+from vllm_omni.diffusion.lora.manager import DiffusionLoRAManager
+
+logger = logging.getLogger(__name__)
+
+# vLLM's LoRARequest requires a path; in-memory adapters get this marker instead of a file path.
+IN_MEMORY_LORA_SCHEME = "in-memory://"
+
+
+def in_memory_lora_path(adapter_id: int) -> str:
+    return f"{IN_MEMORY_LORA_SCHEME}verl_omni/{adapter_id}"
+
+
+class TensorLoRARequest(LoRARequest):
+    """A LoRA request whose adapter is given as tensors.
+
+    Args (beyond ``LoRARequest``'s):
+        peft_config (`dict`): the adapter's PEFT ``LoraConfig`` as a dict (``r``, ``lora_alpha``,
+            ``target_modules``, ...).
+        lora_tensors (`dict[str, torch.Tensor]`): PEFT-named ``lora_A``/``lora_B`` weights.
+    """
+
+    peft_config: dict | None = None
+    lora_tensors: dict | None = None
+
+    def without_tensors(self) -> LoRARequest:
+        """The light request that per-generation sampling params carry once the adapter is loaded."""
+        return LoRARequest(lora_name=self.lora_name, lora_int_id=self.lora_int_id, lora_path=self.lora_path)
+
+
+class TensorLoRAManager(DiffusionLoRAManager):
+    """vLLM-Omni's diffusion LoRA manager that also accepts :class:`TensorLoRARequest`."""
+
+    def _load_adapter(self, lora_request: LoRARequest) -> tuple[LoRAModel, PEFTHelper]:
+        tensors = getattr(lora_request, "lora_tensors", None)
+        if tensors is None:
+            if lora_request.lora_path.startswith(IN_MEMORY_LORA_SCHEME):
+                raise ValueError(
+                    f"LoRA adapter {lora_request.lora_int_id} is not loaded in the worker and the request carries "
+                    "no tensors: push it again with a TensorLoRARequest"
+                )
+            return super()._load_adapter(lora_request)
+        if not self._expected_lora_modules:
+            raise ValueError("No supported LoRA modules found in the diffusion pipeline.")
+        peft_helper = PEFTHelper.from_dict(dict(lora_request.peft_config or {}))
+        lora_model = LoRAModel.from_lora_tensors(
+            lora_model_id=lora_request.lora_int_id,
+            tensors=tensors,
+            peft_helper=peft_helper,
+            device="cpu",
+            dtype=self.dtype,
+            model_vocab_size=None,
+            weights_mapper=None,
+        )
+        for lora in lora_model.loras.values():
+            lora.optimize()
+        logger.info("Loaded in-memory LoRA %d with %d weight groups", lora_model.id, len(lora_model.loras))
+        return lora_model, peft_helper
+
+    def bound_modules(self, adapter_id: int) -> list[str]:
+        """Names of the pipeline's LoRA layers that receive weights from adapter ``adapter_id``."""
+        lora_model = self._registered_adapters.get(adapter_id)
+        if lora_model is None:
+            raise KeyError(f"LoRA adapter {adapter_id} is not registered; have {sorted(self._registered_adapters)}")
+        return [name for name, layer in self._lora_modules.items() if self._binds(lora_model, name, layer)]
+
+    def _binds(self, lora_model: LoRAModel, name: str, layer: Any) -> bool:
+        if self._get_lora_weights(lora_model, name) is not None:
+            return True
+        n_slices = getattr(layer, "n_slices", 1)
+        if n_slices <= 1:
+            return False
+        prefix, _, suffix = name.rpartition(".")
+        sub_suffixes = self._get_packed_sublayer_suffixes(suffix, n_slices) or []
+        return any(
+            self._get_lora_weights(lora_model, f"{prefix}.{sub}" if prefix else sub) is not None for sub in sub_suffixes
+        )
