@@ -231,13 +231,19 @@ def test_lora_push_changes_the_image_and_zero_lora_restores_it_exactly(loop, eng
     assert torch.equal(restored.log_probs, base.log_probs)
 
 
-def test_lora_whose_names_match_no_module_fails_loudly(loop, engine, prompts, lora_cleanup):
+def test_lora_whose_names_match_no_module_or_only_some_fails_loudly(loop, engine, prompts, lora_cleanup):
     tensors = {
         "base_model.model.not_a_block.0.proj.lora_A.weight": torch.ones(4, 64),
         "base_model.model.not_a_block.0.proj.lora_B.weight": torch.ones(64, 4),
     }
     with pytest.raises(ValueError, match="binds no module"):
         loop.run(engine.load_lora_tensors({"r": 4, "lora_alpha": 4, "target_modules": ["proj"]}, tensors))
+    assert engine.active_lora is None
+
+    config, partial = _attention_lora(scale=1.0)
+    partial.update(tensors)
+    with pytest.raises(ValueError, match="weights that bind no module"):
+        loop.run(engine.load_lora_tensors(config, partial))
     assert engine.active_lora is None
     (out,) = generate(loop, engine, prompts, request_id="after-bad-lora")
     assert out.diffusion_output.shape == (3, H, W)

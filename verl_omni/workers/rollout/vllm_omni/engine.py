@@ -189,12 +189,14 @@ class OmniRolloutEngine:
         )
         if not await engine.add_lora(request):
             raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id}")
-        bound = _flatten(await self.collective_rpc("verl_omni_lora_bound_modules", adapter_id))
-        if not bound:
+        probes = _flatten(await self.collective_rpc("verl_omni_lora_binding", adapter_id))
+        bound = sorted({name for probe in probes for name in probe["bound"]})
+        unused = sorted({name for probe in probes for name in probe["unused"]})
+        if not bound or unused:
             await engine.remove_lora(adapter_id)
-            sample = sorted(tensors)[:4]
+            what = "binds no module" if not bound else f"has weights that bind no module: {unused[:8]}"
             raise ValueError(
-                f"LoRA adapter binds no module of the rollout model (tensor names like {sample}, "
+                f"LoRA adapter {what} of the rollout model (tensor names like {sorted(tensors)[:4]}, "
                 f"target_modules={peft_config.get('target_modules')}): fix the names or target_modules"
             )
         await self.clear_lora()

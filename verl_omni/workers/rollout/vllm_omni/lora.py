@@ -3,9 +3,9 @@
 vLLM-Omni 0.26 loads diffusion LoRA adapters from a path only. ``TensorLoRARequest`` carries the
 PEFT config and the tensors themselves (they travel to the worker with the ``add_lora`` RPC, no
 files), and ``TensorLoRAManager`` — installed by our worker extension when the worker builds its
-LoRA manager — builds the adapter from them. ``bound_modules`` is the probe the server runs after
-every sync: an adapter whose names match no module would otherwise train nothing while the
-rollout looks healthy.
+LoRA manager — builds the adapter from them. ``binding`` is the probe the server runs after
+every sync: an adapter whose names match no module (or only some of them) would otherwise
+train weights the rollout never uses while it looks healthy.
 """
 
 from __future__ import annotations
@@ -26,6 +26,19 @@ IN_MEMORY_LORA_SCHEME = "in-memory://"
 
 def in_memory_lora_path(adapter_id: int) -> str:
     return f"{IN_MEMORY_LORA_SCHEME}verl_omni/{adapter_id}"
+
+
+# diffusers module names whose vLLM-Omni counterpart is named differently (Qwen-Image attention output:
+# diffusers wraps it in a ModuleList ``to_out = [Linear, Dropout]``, vLLM-Omni has one ``to_out`` layer).
+_DIFFUSERS_TO_OMNI_NAMES = ((".to_out.0.", ".to_out."),)
+
+
+def _omni_module_name(name: str) -> str:
+    """A diffusers/PEFT weight or target-module name as vLLM-Omni's Qwen-Image modules are named."""
+    padded = f".{name}."
+    for diffusers_part, omni_part in _DIFFUSERS_TO_OMNI_NAMES:
+        padded = padded.replace(diffusers_part, omni_part)
+    return padded[1:-1]
 
 
 class TensorLoRARequest(LoRARequest):
@@ -59,10 +72,13 @@ class TensorLoRAManager(DiffusionLoRAManager):
             return super()._load_adapter(lora_request)
         if not self._expected_lora_modules:
             raise ValueError("No supported LoRA modules found in the diffusion pipeline.")
-        peft_helper = PEFTHelper.from_dict(dict(lora_request.peft_config or {}))
+        peft_config = dict(lora_request.peft_config or {})
+        if isinstance(peft_config.get("target_modules"), (list, tuple)):
+            peft_config["target_modules"] = [_omni_module_name(m) for m in peft_config["target_modules"]]
+        peft_helper = PEFTHelper.from_dict(peft_config)
         lora_model = LoRAModel.from_lora_tensors(
             lora_model_id=lora_request.lora_int_id,
-            tensors=tensors,
+            tensors={_omni_module_name(name): t for name, t in tensors.items()},
             peft_helper=peft_helper,
             device="cpu",
             dtype=self.dtype,
@@ -74,21 +90,29 @@ class TensorLoRAManager(DiffusionLoRAManager):
         logger.info("Loaded in-memory LoRA %d with %d weight groups", lora_model.id, len(lora_model.loras))
         return lora_model, peft_helper
 
-    def bound_modules(self, adapter_id: int) -> list[str]:
-        """Names of the pipeline's LoRA layers that receive weights from adapter ``adapter_id``."""
+    def binding(self, adapter_id: int) -> tuple[list[str], list[str]]:
+        """Probe adapter ``adapter_id``: (LoRA layers that receive its weights, its weight names used by none)."""
         lora_model = self._registered_adapters.get(adapter_id)
         if lora_model is None:
             raise KeyError(f"LoRA adapter {adapter_id} is not registered; have {sorted(self._registered_adapters)}")
-        return [name for name, layer in self._lora_modules.items() if self._binds(lora_model, name, layer)]
+        bound, used = [], set()
+        for name, layer in self._lora_modules.items():
+            found = self._weights_for(lora_model, name, layer)
+            if found:
+                bound.append(name)
+                used.update(id(w) for w in found)
+        unused = sorted(key for key, weights in lora_model.loras.items() if id(weights) not in used)
+        return bound, unused
 
-    def _binds(self, lora_model: LoRAModel, name: str, layer: Any) -> bool:
-        if self._get_lora_weights(lora_model, name) is not None:
-            return True
+    def _weights_for(self, lora_model: LoRAModel, name: str, layer: Any) -> list[Any]:
+        """The adapter weights the manager would activate on layer ``name`` (packed layers: per slice)."""
+        weights = self._get_lora_weights(lora_model, name)
+        if weights is not None:
+            return [weights]
         n_slices = getattr(layer, "n_slices", 1)
         if n_slices <= 1:
-            return False
+            return []
         prefix, _, suffix = name.rpartition(".")
-        sub_suffixes = self._get_packed_sublayer_suffixes(suffix, n_slices) or []
-        return any(
-            self._get_lora_weights(lora_model, f"{prefix}.{sub}" if prefix else sub) is not None for sub in sub_suffixes
-        )
+        subs = self._get_packed_sublayer_suffixes(suffix, n_slices) or []
+        found = [self._get_lora_weights(lora_model, f"{prefix}.{sub}" if prefix else sub) for sub in subs]
+        return [w for w in found if w is not None]

@@ -32,9 +32,10 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
             lora_scale=self.od_config.lora_scale,
         )
 
-    def verl_omni_lora_bound_modules(self, adapter_id: int) -> list[str]:
-        """Probe: the LoRA layers adapter ``adapter_id`` binds to (empty means it does nothing)."""
-        return self.lora_manager.bound_modules(adapter_id)
+    def verl_omni_lora_binding(self, adapter_id: int) -> list[dict]:
+        """Probe adapter ``adapter_id``: the LoRA layers it binds to and its weights that bind to none."""
+        bound, unused = self.lora_manager.binding(adapter_id)
+        return [{"bound": bound, "unused": unused}]
 
     def verl_omni_request_batch_sizes(self) -> list[int]:
         """Requests per transformer batch of every rollout forward so far, in order."""
