@@ -75,6 +75,29 @@ class RolloutState:
         return self.timesteps[self.step_index]
 
 
+@dataclass
+class Conditioning:
+    """Per-sample text conditioning ``[B, L, D]`` / ``[B, L]``; negatives only with true CFG."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+    negative_embeds: torch.Tensor | None = None
+    negative_mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What one transformer batch runs with: shared shape/schedule/CFG, and its requests in order."""
+
+    requests: list[RolloutRequest]
+    height: int
+    width: int
+    num_steps: int
+    cfg_scale: float
+    do_true_cfg: bool
+    sde_type: str
+
+
 class QwenImageLogProbPipeline(QwenImagePipeline):
     """Qwen-Image rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
@@ -159,14 +182,9 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             raise ValueError(f"requests batched together must share sampling_params.{name}, got {sorted(values)}")
         return values.pop()
 
-    def forward(self, req) -> list[DiffusionOutput]:
-        """Denoise all requests of ``req`` in one transformer batch and return one output per request."""
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
+    def _batch_settings(self, req) -> BatchSettings:
+        """Settings the requests of one transformer batch must share, and each request's own."""
         sps = req.sampling_params_list
-        self.request_batch_sizes.append(req.num_reqs)
-        # 1. Shared shape/schedule parameters, then per-request (per-sample) settings.
         height = self._common_value(sps, "height") or self.default_sample_size * self.vae_scale_factor
         width = self._common_value(sps, "width") or self.default_sample_size * self.vae_scale_factor
         height, width = normalize_min_aligned_size(height, width, self.vae_scale_factor * 2)
@@ -179,65 +197,85 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         with_neg = {r.negative_prompt_ids is not None for r in requests}
         if len(with_neg) > 1:
             raise ValueError("requests batched together must all have, or all lack, negative_prompt_ids")
-        do_true_cfg = with_neg.pop() and cfg_scale > 1
+        return BatchSettings(
+            requests=requests,
+            height=height,
+            width=width,
+            num_steps=num_steps,
+            cfg_scale=cfg_scale,
+            do_true_cfg=with_neg.pop() and cfg_scale > 1,
+            sde_type=sde_types.pop(),
+        )
+
+    def forward(self, req) -> list[DiffusionOutput]:
+        """Denoise all requests of ``req`` in one transformer batch and return one output per request."""
+        if req.is_dummy_run():
+            # the engine's start-up warm-up request carries text, not token ids: stock path
+            return super().forward(req)
+        self.request_batch_sizes.append(req.num_reqs)
+        # 1. Shared and per-request (per-sample) settings.
+        settings = self._batch_settings(req)
+        requests = settings.requests
         self._interrupt = False
         self._attention_kwargs = {}
 
         # 2. Conditioning, per-sample latents and the schedule.
-        prompt_embeds, prompt_mask = self._per_sample_embeds(requests, negative=False)
-        neg_embeds, neg_mask = self._per_sample_embeds(requests, negative=True) if do_true_cfg else (None, None)
+        cond = Conditioning(*self._per_sample_embeds(requests, negative=False))
+        if settings.do_true_cfg:
+            cond.negative_embeds, cond.negative_mask = self._per_sample_embeds(requests, negative=True)
         generators = [g for r in requests for g in r.generators(self.device)]
+        channels = self.transformer.in_channels // 4
         latents = self.prepare_latents(
-            len(generators),
-            self.transformer.in_channels // 4,
-            height,
-            width,
-            prompt_embeds.dtype,
-            self.device,
-            generators,
+            len(generators), channels, settings.height, settings.width, cond.embeds.dtype, self.device, generators
         )
-        timesteps, _ = self.prepare_timesteps(num_steps, None, latents.shape[1])
+        timesteps, _ = self.prepare_timesteps(settings.num_steps, None, latents.shape[1])
         self._num_timesteps = len(timesteps)
         state = RolloutState(
             latents=latents,
             timesteps=timesteps,
             noise_levels=[[lv for r in requests for lv in r.noise_levels_at(i)] for i in range(len(timesteps))],
             generators=generators,
-            sde_type=sde_types.pop(),
+            sde_type=settings.sde_type,
         )
 
         # 3. Denoise: stock CFG prediction, our SDE step.
-        self._denoise(state, prompt_embeds, prompt_mask, neg_embeds, neg_mask, do_true_cfg, cfg_scale, height, width)
+        self._denoise(state, cond, settings)
         self._current_timestep = None
 
         # 4. Decode and split per request.
-        images = self._decode_latents(state.latents, height, width, "pt").output
+        images = self._decode_latents(state.latents, settings.height, settings.width, "pt").output
         if not bool(torch.isfinite(images).all()):
             raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
-        return self._split_outputs(requests, state, images, prompt_embeds, prompt_mask, neg_embeds, neg_mask)
+        return self._split_outputs(requests, state, images, cond)
 
-    def _denoise(self, state, prompt_embeds, prompt_mask, neg_embeds, neg_mask, do_true_cfg, cfg_scale, height, width):
+    def _denoise(self, state: RolloutState, cond: Conditioning, settings: BatchSettings) -> None:
         batch = state.latents.shape[0]
-        img_shapes = [[(1, height // self.vae_scale_factor // 2, width // self.vae_scale_factor // 2)]] * batch
-        self.transformer.do_true_cfg = do_true_cfg
+        side = self.vae_scale_factor * 2
+        img_shapes = [[(1, settings.height // side, settings.width // side)]] * batch
+        self.transformer.do_true_cfg = settings.do_true_cfg
         for t in state.timesteps:
             self._current_timestep = t
             positive, negative, output_slice = self._build_denoise_kwargs(
                 latents=state.latents,
                 timestep=t,
                 guidance=None,
-                prompt_embeds=prompt_embeds,
-                prompt_embeds_mask=prompt_mask,
+                prompt_embeds=cond.embeds,
+                prompt_embeds_mask=cond.mask,
                 img_shapes=img_shapes,
-                txt_seq_lens=txt_seq_lens_from_embeds(prompt_embeds),
-                do_true_cfg=do_true_cfg,
-                negative_prompt_embeds=neg_embeds,
-                negative_prompt_embeds_mask=neg_mask,
-                negative_txt_seq_lens=txt_seq_lens_from_embeds(neg_embeds),
+                txt_seq_lens=txt_seq_lens_from_embeds(cond.embeds),
+                do_true_cfg=settings.do_true_cfg,
+                negative_prompt_embeds=cond.negative_embeds,
+                negative_prompt_embeds_mask=cond.negative_mask,
+                negative_txt_seq_lens=txt_seq_lens_from_embeds(cond.negative_embeds),
                 extra_transformer_kwargs={"attention_kwargs": self.attention_kwargs, "return_dict": False},
             )
             noise_pred = self.predict_noise_maybe_with_cfg(
-                do_true_cfg, cfg_scale, positive, negative, cfg_normalize=True, output_slice=output_slice
+                settings.do_true_cfg,
+                settings.cfg_scale,
+                positive,
+                negative,
+                cfg_normalize=True,
+                output_slice=output_slice,
             )
             self.step_scheduler(state, noise_pred)
 
@@ -247,12 +285,12 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         length = int(mask.sum(dim=1).max())
         return embeds[:, :length].detach().cpu(), mask[:, :length].detach().cpu()
 
-    def _split_outputs(self, requests, state, images, prompt_embeds, prompt_mask, neg_embeds, neg_mask):
+    def _split_outputs(self, requests, state: RolloutState, images: torch.Tensor, cond: Conditioning):
         outputs = []
         start = 0
         for r in requests:
             rows = range(start, start + r.num_samples)
-            embeds, mask = self._trim(prompt_embeds[rows.start : rows.stop], prompt_mask[rows.start : rows.stop])
+            embeds, mask = self._trim(cond.embeds[rows.start : rows.stop], cond.mask[rows.start : rows.stop])
             trajectory = {
                 "latents": torch.stack([torch.stack(state.window_latents[i]) for i in rows]),
                 "log_probs": torch.stack([torch.stack(state.window_log_probs[i]) for i in rows]),
@@ -261,8 +299,10 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
                 "prompt_embeds": embeds,
                 "prompt_embeds_mask": mask,
             }
-            if neg_embeds is not None:
-                n_embeds, n_mask = self._trim(neg_embeds[rows.start : rows.stop], neg_mask[rows.start : rows.stop])
+            if cond.negative_embeds is not None:
+                n_embeds, n_mask = self._trim(
+                    cond.negative_embeds[rows.start : rows.stop], cond.negative_mask[rows.start : rows.stop]
+                )
                 trajectory["negative_prompt_embeds"] = n_embeds
                 trajectory["negative_prompt_embeds_mask"] = n_mask
             outputs.append(
