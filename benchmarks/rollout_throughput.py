@@ -1,7 +1,7 @@
 """Rollout throughput on one replica: N concurrent ``generate`` vs one ``generate_batched(N)`` vs diffusers.
 
 Same prompt, negative prompt (true CFG), steps and size for all three; each mode is warmed up once
-and then timed over ``--repeats`` rounds. The last stdout line is one JSON object with
+and then timed over ``--repeats`` rounds (the two engine modes alternate round by round). The last stdout line is one JSON object with
 ``concurrent_img_s``, ``batched_img_s``, ``diffusers_img_s``, ``n``, ``steps``, ``size``, ``device``.
 
     python benchmarks/rollout_throughput.py --device cpu            # tiny random model, fp32
@@ -96,14 +96,20 @@ async def time_engine(args, model_path: Path) -> tuple[float, float]:
         async def batched(round_id: int):
             await engine.engine_call(ids, sampling(args, 1000 * round_id), f"b{round_id}", args.n, neg)
 
-        results = []
-        for mode in (concurrent, batched):
-            await mode(0)  # warm-up
-            start = time.perf_counter()
-            for r in range(1, args.repeats + 1):
+        # warm up both, then alternate rounds so that load from other processes hits both modes alike
+        await concurrent(0)
+        await batched(0)
+        elapsed = {concurrent: 0.0, batched: 0.0}
+        for r in range(1, args.repeats + 1):
+            for mode in (concurrent, batched):
+                start = time.perf_counter()
                 await mode(r)
-            results.append(args.n * args.repeats / (time.perf_counter() - start))
-        return results[0], results[1]
+                seconds = time.perf_counter() - start
+                elapsed[mode] += seconds
+                logger.info("%s round %d: %.3f s", mode.__name__, r, seconds)
+        logger.info("requests per transformer batch (engine side): %s", await engine.request_batch_sizes())
+        images = args.n * args.repeats
+        return images / elapsed[concurrent], images / elapsed[batched]
     finally:
         engine.shutdown()
 
