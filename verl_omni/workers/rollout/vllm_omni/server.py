@@ -22,6 +22,8 @@ from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_BATCH_REQUESTS = 8
+
 
 def _engine_dtype(config_dtype: str) -> str:
     """fp32 on CPU (no bf16 kernels worth using there), the configured dtype on an accelerator."""
@@ -31,14 +33,26 @@ def _engine_dtype(config_dtype: str) -> str:
 class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
     """A vLLM-Omni diffusion rollout server in one node (see module docstring)."""
 
+    def _init_model_config(self, model_config):
+        """Diffusion checkpoints have no transformers config: keep the given model config (needs ``path``)."""
+        if not (getattr(model_config, "local_path", None) or getattr(model_config, "path", None)):
+            raise ValueError("model_config.path must point at a diffusers-format model directory")
+        return model_config
+
+    def _validate_configs(self) -> None:
+        """The text-model limits verl checks (max_model_len, batched tokens) do not apply to diffusion."""
+
     async def launch_server(self, master_address: str = None, master_port: int = None, dp_rpc_port: int = None):
         if self.node_rank != 0:
             return
-        engine_kwargs = dict(self.config.get("engine_kwargs", {}).get("vllm_omni", {}) or {})
+        engine_kwargs = dict((self.config.get("engine_kwargs", {}) or {}).get("vllm_omni", {}) or {})
+        # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
+        max_batch_requests = int(engine_kwargs.pop("max_num_seqs", DEFAULT_MAX_BATCH_REQUESTS))
+        model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
         self.omni = OmniRolloutEngine(
-            self.model_config.local_path,
+            str(model_path),
             dtype=_engine_dtype(self.config.dtype),
-            max_batch_requests=int(self.config.get("max_num_seqs", 8) or 8),
+            max_batch_requests=max_batch_requests,
             **engine_kwargs,
         )
         # AsyncOmni starts its orchestrator on the running loop: build it here, in the actor's loop.
@@ -46,6 +60,10 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         self.engine = self.omni.engine
         self._inflight: set[str] = set()
         self._server_port = 0
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its worker processes."""
+        self.omni.shutdown()
 
     async def _engine_call(self, request_id: str, num_outputs_per_prompt: int, **kwargs) -> list[DiffusionOutput]:
         """The single path to the engine; ``generate`` and ``generate_batched`` both go through it."""
