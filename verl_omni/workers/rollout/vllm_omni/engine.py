@@ -204,6 +204,11 @@ class OmniRolloutEngine:
         logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
         return bound
 
+    async def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        """Replace transformer weights (diffusers names) in every worker; returns how many parameters were set."""
+        items = [(f"transformer.{name}", tensor.detach().cpu()) for name, tensor in weights.items()]
+        return sum(_flatten(await self.collective_rpc("verl_omni_load_weights", items)))
+
     async def clear_lora(self) -> None:
         """Stop using (and unload) the active adapter, if any."""
         if self.active_lora is not None:

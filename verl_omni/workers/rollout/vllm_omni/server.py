@@ -116,10 +116,9 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         """Push an in-memory LoRA adapter; returns how many modules it binds (never 0: that raises)."""
         return len(await self.omni.load_lora_tensors(peft_config, tensors))
 
-    async def update_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        """Full transformer weights, by name, through the pipeline's ``load_weights``."""
-        items = [(f"transformer.{name}", tensor.detach().cpu()) for name, tensor in weights.items()]
-        await self.omni.collective_rpc("verl_omni_load_weights", items)
+    async def update_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        """Full transformer weights (diffusers names) through the pipeline's ``load_weights``."""
+        return await self.omni.load_weights(weights)
 
     async def wake_up(self, tags: list[str] | None = None):
         if self.node_rank != 0 or not torch.cuda.is_available():

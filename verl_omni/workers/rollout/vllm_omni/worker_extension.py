@@ -41,10 +41,10 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
         """Requests per transformer batch of every rollout forward so far, in order."""
         return list(getattr(self.model_runner.pipeline, "request_batch_sizes", []))
 
-    def verl_omni_load_weights(self, weights: list) -> int:
+    def verl_omni_load_weights(self, weights: list) -> list[int]:
         """Load full weights ``[(pipeline-prefixed name, tensor)]``; returns how many parameters were set."""
         loaded = self.model_runner.pipeline.load_weights(iter(weights))
         if not loaded:
             names = [name for name, _ in weights[:4]]
             raise ValueError(f"no pipeline parameter matched the pushed weights (names like {names})")
-        return len(loaded)
+        return [len(loaded)]
