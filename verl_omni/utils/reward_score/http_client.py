@@ -97,7 +97,7 @@ class HttpClient:
                     await asyncio.sleep(min(p.backoff_s * 2 ** (attempt - 1), p.max_backoff_s))
                 try:
                     return await self._post_once(url, payload, headers, timeout)
-                except (aiohttp.ClientConnectionError, asyncio.TimeoutError, _RetryableStatus) as e:
+                except (TimeoutError, aiohttp.ClientConnectionError, _RetryableStatus) as e:
                     last_error = e
                     logger.warning(
                         "scorer %s: attempt %d/%d to %s failed: %r",

@@ -14,7 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from verl_omni.utils.reward_score.base import Scorer, ScoreBatch, ScorerError, build_params, check_scores
+from verl_omni.utils.reward_score.base import ScoreBatch, Scorer, ScorerError, build_params, check_scores
 from verl_omni.utils.reward_score.registry import get_scorer_cls
 
 logger = logging.getLogger(__name__)
