@@ -19,7 +19,6 @@ from verl.experimental.reward_loop import RewardLoopManager, RewardLoopWorker
 from verl.protocol import DataProto, pad_dataproto_to_divisor
 from verl.single_controller.ray.base import RayResourcePool
 from verl.trainer.ppo.reward import resolve_reward_manager_cls
-from verl.utils.ray_utils import get_event_loop
 
 from verl_omni.reward_loop.reward_manager import DiffusionRewardManager
 from verl_omni.utils.reward_score import reward_metrics
@@ -46,13 +45,8 @@ class DiffusionRewardLoopWorker(RewardLoopWorker):
     model-based scorers own their models or endpoints.
     """
 
-    def __init__(self, config, reward_router_address: str | None = None):
-        self.config = config
-        self.reward_router_address = reward_router_address
-        self._init_reward_fn()
-        self.loop = get_event_loop()
-
     def _init_reward_fn(self):
+        """Called by verl's ``RewardLoopWorker.__init__``: build the diffusion reward manager."""
         self.reward_manager = _diffusion_manager_cls(self.config)(self.config)
 
     async def compute_score_batch(self, data: DataProto) -> list[dict]:
@@ -76,7 +70,10 @@ class DiffusionRewardLoopManager(RewardLoopManager):
         self.config = config
         self.reward_config = DiffusionRewardConfig.from_config(config.reward.get("diffusion"))
         if rm_resource_pool is not None:
-            logger.warning("DiffusionRewardLoopManager ignores rm_resource_pool; use %s", "num_gpus_per_worker")
+            logger.warning(
+                "DiffusionRewardLoopManager ignores rm_resource_pool; reserve devices for model-based scorers "
+                "with reward.diffusion.num_gpus_per_worker instead"
+            )
         self.reward_model_manager = None
         self.reward_router_address = None
         self.reward_manager_cls = _diffusion_manager_cls(config)
