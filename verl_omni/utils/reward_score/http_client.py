@@ -1,6 +1,6 @@
 """HTTP plumbing shared by the remote scorers (``ocr``, ``http``): retries, timeouts, concurrency.
 
-A request is retried on connection errors, timeouts, HTTP 429 and 5xx, with exponential backoff
+A request is retried on connection/transport errors, timeouts, HTTP 429 and 5xx, with exponential backoff
 (``backoff_s * 2**attempt``, capped at ``max_backoff_s``); other 4xx answers are not retried. After
 ``1 + max_retries`` failed attempts a :class:`ScorerError` is raised with the last cause chained.
 """
@@ -97,7 +97,7 @@ class HttpClient:
                     await asyncio.sleep(min(p.backoff_s * 2 ** (attempt - 1), p.max_backoff_s))
                 try:
                     return await self._post_once(url, payload, headers, timeout)
-                except (TimeoutError, aiohttp.ClientConnectionError, _RetryableStatus) as e:
+                except (TimeoutError, aiohttp.ClientError, _RetryableStatus) as e:
                     last_error = e
                     logger.warning(
                         "scorer %s: attempt %d/%d to %s failed: %r",
@@ -119,4 +119,7 @@ class HttpClient:
                     raise _RetryableStatus(resp.status, await resp.text())
                 if resp.status >= 400:
                     raise ScorerError(f"POST {url} answered HTTP {resp.status}: {(await resp.text())[:200]}")
-                return await resp.json(content_type=None)
+                try:
+                    return await resp.json(content_type=None)
+                except ValueError as e:
+                    raise ScorerError(f"POST {url} answered invalid JSON: {(await resp.text())[:200]!r}") from e
