@@ -21,7 +21,9 @@ def test_cuda_step_matches_cpu_with_bf16_model_output(sde_type):
     a = torch.tensor([0.7, 1.2, 0.3, 1.0])
 
     cpu = sde_step_with_logprob(sched, v, t, x, a, prev_sample=prev, sde_type=sde_type)
-    gpu = sde_step_with_logprob(sched, v.cuda(), t.cuda(), x.cuda(), a.cuda(), prev_sample=prev.cuda(), sde_type=sde_type)
+    gpu = sde_step_with_logprob(
+        sched, v.cuda(), t.cuda(), x.cuda(), a.cuda(), prev_sample=prev.cuda(), sde_type=sde_type
+    )
 
     assert gpu.log_prob.dtype == torch.float32 and gpu.log_prob.is_cuda
     diff = (gpu.log_prob.cpu() - cpu.log_prob).abs().max().item()
