@@ -1,0 +1,17 @@
+from verl_omni.pipelines.schedulers.flow_match_sde import (
+    SDE_TYPES,
+    FlowMatchSDEDiscreteScheduler,
+    SDEStepOutput,
+    sample_sde_window_start,
+    sde_step_with_logprob,
+    window_noise_levels,
+)
+
+__all__ = [
+    "SDE_TYPES",
+    "FlowMatchSDEDiscreteScheduler",
+    "SDEStepOutput",
+    "sample_sde_window_start",
+    "sde_step_with_logprob",
+    "window_noise_levels",
+]

@@ -1,0 +1,127 @@
+"""Flow-GRPO advantage and loss: edge cases, clipping, gradient direction, registries."""
+
+import numpy as np
+import pytest
+import torch
+
+from verl_omni.trainer.flowgrpo.core_algos import (
+    compute_flow_grpo_advantage,
+    compute_flow_grpo_policy_loss,
+    get_adv_estimator_fn,
+    get_policy_loss_fn,
+    register_adv_est,
+)
+
+
+def test_advantage_matches_numpy_with_global_std():
+    scores = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 13.0])
+    uids = ["a", "a", "a", "b", "b", "b"]
+    r = scores.numpy().astype(np.float64)
+    means = np.array([2.0, 2.0, 2.0, 11.0, 11.0, 11.0])
+    want = (r - means) / (r.std() + 1e-4)
+    got = compute_flow_grpo_advantage(scores, uids, global_std=True, adv_clip_max=100)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)
+
+
+def test_advantage_with_per_group_std_normalizes_each_group():
+    scores = torch.tensor([1.0, 3.0, 100.0, 300.0])
+    got = compute_flow_grpo_advantage(scores, [0, 0, 1, 1], global_std=False, adv_clip_max=100)
+    np.testing.assert_allclose(got.numpy(), [-1, 1, -1, 1], atol=1e-3)
+
+
+def test_zero_variance_and_size_one_groups_get_zero_advantage():
+    scores = torch.tensor([5.0, 5.0, 5.0, 7.0, 1.0, 2.0])
+    got = compute_flow_grpo_advantage(scores, ["z", "z", "z", "single", "g", "g"], global_std=False)
+    assert got[:4].abs().max() == 0
+    assert got[4] < 0 < got[5]
+
+
+def test_advantage_is_clipped_on_both_sides():
+    scores = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 100.0])
+    got = compute_flow_grpo_advantage(scores, [0] * 8, adv_clip_max=1.5)
+    assert got.max() == pytest.approx(1.5) and got.min() > -1.5
+    got = compute_flow_grpo_advantage(-scores, [0] * 8, adv_clip_max=1.5)
+    assert got.min() == pytest.approx(-1.5)
+
+
+@pytest.mark.parametrize(
+    "scores, index, match",
+    [
+        (torch.tensor([1.0, 2.0, 3.0]), ["a", "a"], "index"),
+        (torch.tensor([1.0, float("nan")]), ["a", "a"], "NaN"),
+        (torch.ones(2, 2), ["a", "a"], "1-D"),
+    ],
+)
+def test_advantage_bad_input_raises(scores, index, match):
+    with pytest.raises(ValueError, match=match):
+        compute_flow_grpo_advantage(scores, index)
+
+
+def _loss(log_prob, old, adv, **kw):
+    return compute_flow_grpo_policy_loss(log_prob, old, adv, **kw)
+
+
+def test_loss_at_ratio_one_is_minus_mean_advantage():
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    lp = torch.tensor([-3.0, -1.0, -2.0])
+    loss, m = _loss(lp, lp.clone(), adv)
+    assert loss.item() == pytest.approx(-adv.mean().item())
+    assert m["ratio_mean"] == pytest.approx(1.0) and m["pg_clipfrac"] == 0 and m["ppo_kl"] == 0
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_gradient_raises_log_prob_of_positive_advantage_and_lowers_negative(sign):
+    lp = torch.zeros(4, requires_grad=True)
+    loss, _ = _loss(lp, torch.zeros(4), torch.full((4,), sign))
+    loss.backward()
+    # gradient descent moves log_prob against the gradient: up for A > 0, down for A < 0
+    assert torch.all(-lp.grad * sign > 0)
+
+
+def test_ratio_clip_on_both_sides_stops_the_gradient_and_counts_clipfrac():
+    eps = 0.1
+    old = torch.zeros(4)
+    # A>0 with ρ above 1+ε and A<0 with ρ below 1−ε are clipped; the other two are not
+    lp = torch.tensor([0.5, -0.5, 0.5, -0.5], requires_grad=True)
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    loss, m = _loss(lp, old, adv, clip_ratio=eps)
+    loss.backward()
+    assert lp.grad[0] == 0 and lp.grad[1] == 0
+    assert lp.grad[2] != 0 and lp.grad[3] != 0
+    assert m["pg_clipfrac"] == pytest.approx(0.5)
+    ratio = torch.exp(lp.detach())
+    want = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - eps, 1 + eps)).mean()
+    assert m["pg_loss"] == pytest.approx(want.item())
+    assert m["ratio_max_abs_dev"] == pytest.approx((ratio - 1).abs().max().item())
+
+
+def test_kl_term_matches_formula_and_is_weighted_by_beta():
+    mu = torch.randn(2, 3, 4)
+    mu_ref = torch.randn(2, 3, 4)
+    s = torch.tensor([0.5, 2.0]).view(2, 1, 1)
+    lp = torch.zeros(2)
+    loss, m = _loss(lp, lp, torch.zeros(2), kl_beta=0.04, prev_sample_mean=mu, ref_prev_sample_mean=mu_ref, std_dev_t=s)
+    want = (((mu - mu_ref) ** 2).mean(dim=(1, 2)) / (2 * s.flatten() ** 2)).mean()
+    assert m["kl_loss"] == pytest.approx(want.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(0.04 * want.item(), rel=1e-6)
+
+
+def test_loss_raises_when_kl_inputs_or_old_log_probs_missing():
+    lp = torch.zeros(2)
+    with pytest.raises(ValueError, match="ref_prev_sample_mean"):
+        _loss(lp, lp, lp, kl_beta=0.1, prev_sample_mean=torch.zeros(2, 3), std_dev_t=torch.ones(2))
+    with pytest.raises(ValueError, match="old_log_prob"):
+        _loss(lp, None, lp)
+    with pytest.raises(ValueError, match="advantages"):
+        _loss(lp, lp, torch.zeros(3))
+
+
+def test_registries_resolve_names_and_list_choices_on_a_miss():
+    assert get_adv_estimator_fn("flow_grpo") is compute_flow_grpo_advantage
+    assert get_policy_loss_fn("flow_grpo") is compute_flow_grpo_policy_loss
+    with pytest.raises(ValueError, match="Available: flow_grpo"):
+        get_policy_loss_fn("grpo_typo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_adv_est("flow_grpo")(lambda *a: None)
+    with pytest.raises(TypeError):
+        register_adv_est("not_callable")(42)

@@ -1,0 +1,96 @@
+"""Qwen-Image on the training side: load the diffusers transformer and predict the velocity of one step.
+
+The trainer replays recorded transitions: for latents x_k at timestep t_k with the recorded prompt
+embeddings, it needs the velocity the policy predicts (with true CFG when the rollout used it),
+then the shared SDE step gives log π_θ. True CFG follows what the rollout engine does (vLLM-Omni
+and diffusers alike): v = v_neg + w·(v_pos − v_neg), rescaled per latent token to the norm of v_pos.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class PromptEmbeds:
+    """Text conditioning of a batch, as the rollout records it.
+
+    Args:
+        embeds (`torch.Tensor`, ``[B, L, D]``): text-encoder hidden states after the template prefix.
+        mask (`torch.Tensor`, ``[B, L]``): 1 for real tokens, 0 for padding.
+    """
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+
+
+class QwenImageTrainingAdapter:
+    """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
+
+    transformer_subfolder = "transformer"
+    # transformer blocks wrapped one FSDP unit each
+    fsdp_wrap_blocks = ("QwenImageTransformerBlock",)
+    # attention projections of both streams: the usual Flow-GRPO LoRA targets for Qwen-Image
+    lora_target_modules = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    )
+
+    @classmethod
+    def load_transformer(cls, model_path: str | Path, dtype: torch.dtype = torch.float32):
+        """The diffusers ``QwenImageTransformer2DModel`` from a local checkpoint directory."""
+        from diffusers import QwenImageTransformer2DModel
+
+        path = Path(model_path) / cls.transformer_subfolder
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path={model_path!s} has no {cls.transformer_subfolder}/config.json: "
+                "point it at a diffusers Qwen-Image directory (see `python -m verl_omni.utils.tiny_models`)"
+            )
+        return QwenImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype)
+
+    @staticmethod
+    def img_shapes(batch_size: int, latent_height: int, latent_width: int) -> list[list[tuple[int, int, int]]]:
+        """Per-sample (frames, h, w) of the packed 2×2 latent grid, as the transformer's RoPE expects."""
+        return [[(1, latent_height // 2, latent_width // 2)]] * batch_size
+
+    @staticmethod
+    def predict_velocity(
+        transformer,
+        latents: torch.Tensor,
+        timesteps: torch.Tensor,
+        prompt: PromptEmbeds,
+        img_shapes: list,
+        negative: PromptEmbeds | None = None,
+        true_cfg_scale: float = 1.0,
+    ) -> torch.Tensor:
+        """Velocity at packed ``latents`` ``[B, N, C]`` and scheduler ``timesteps`` ``[B]`` (0..1000).
+
+        With ``negative`` and ``true_cfg_scale > 1`` this is true CFG (two transformer passes).
+        """
+
+        def forward(cond: PromptEmbeds) -> torch.Tensor:
+            return transformer(
+                hidden_states=latents,
+                timestep=timesteps.to(latents.dtype) / 1000,
+                encoder_hidden_states=cond.embeds.to(latents.dtype),
+                encoder_hidden_states_mask=cond.mask,
+                img_shapes=img_shapes,
+                return_dict=False,
+            )[0]
+
+        v_pos = forward(prompt)
+        if negative is None or true_cfg_scale <= 1.0:
+            return v_pos
+        v_neg = forward(negative)
+        combined = v_neg + true_cfg_scale * (v_pos - v_neg)
+        return combined * (v_pos.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
