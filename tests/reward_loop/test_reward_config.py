@@ -30,7 +30,7 @@ def test_builds_from_yaml_node_with_defaults():
         ({"scorers": []}, r"reward\.diffusion\.scorers must list at least one scorer"),
         (
             {"scorers": [JPEG, {"type": "pickscorex"}]},
-            r"reward\.diffusion\.scorers\[1\]\.type: Unknown scorer 'pickscorex'\. Available scorers: aesthetic, ",
+            r"reward\.diffusion\.scorers\[1\]\.type: Unknown scorer 'pickscorex'\. Available: aesthetic, ",
         ),
         (
             {"scorers": [{"type": "jpeg_compressibility", "weight": 0}]},

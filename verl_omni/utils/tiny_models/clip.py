@@ -31,12 +31,18 @@ _SPECIAL_TOKENS = ["<|startoftext|>", "<|endoftext|>"]
 
 
 def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """Train a CLIP-style BPE (byte-level, ``</w>`` word suffix) and return its vocab and merges."""
+    """Train a byte-level BPE and return it in CLIP's form (``</w>`` marks a word's last symbol).
+
+    The trainer runs without ``end_of_word_suffix``: with it, ``tokenizers`` breaks count ties in
+    an order that changes from run to run, and the model must be identical for a given seed. Each
+    learned merge ``(a, b)`` is then emitted twice, as ``(a, b)`` and ``(a, b</w>)``, which is the
+    same segmentation with CLIP's word-final symbols.
+    """
     from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
 
-    tokenizer = Tokenizer(BPE(unk_token="<|endoftext|>", end_of_word_suffix="</w>"))
+    tokenizer = Tokenizer(BPE(unk_token=_SPECIAL_TOKENS[1]))
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -44,17 +50,21 @@ def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
             pre_tokenizers.ByteLevel(add_prefix_space=False),
         ]
     )
-    trainer = BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=_SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        end_of_word_suffix="</w>",
-        show_progress=False,
-    )
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    trainer = BpeTrainer(vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False)
     tokenizer.train_from_iterator(_CORPUS, trainer=trainer)
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    return model["vocab"], merges
+    learned = json.loads(tokenizer.to_str())["model"]["merges"]
+    learned = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned]
+
+    tokens = list(_SPECIAL_TOKENS) + alphabet + [c + "</w>" for c in alphabet]
+    merges: list[tuple[str, str]] = []
+    for a, b in learned:
+        merges += [(a, b), (a, b + "</w>")]
+        tokens += [a + b, a + b + "</w>"]
+    vocab: dict[str, int] = {}
+    for token in tokens:
+        vocab.setdefault(token, len(vocab))
+    return vocab, merges
 
 
 def build_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
