@@ -64,7 +64,7 @@ def test_compute_rm_score_over_workers_with_padding(manager):
 
 def test_per_sample_scoring_overlaps_a_slow_rollout(manager):
     """Overlap shown with timestamps, on a slow stand-in generator (not the real engine): sample i
-    "finishes generating" at (i + 1) × 0.6 s and is sent to a reward worker at once; the first
+    "finishes generating" at (i + 1) × 1.0 s and is sent to a reward worker at once; the first
     sample's score must come back before the last sample has finished generating."""
     worker = manager.reward_loop_worker_handles[0]
     images = make_images(4)
@@ -73,7 +73,7 @@ def test_per_sample_scoring_overlaps_a_slow_rollout(manager):
     generated, scored, results = {}, {}, {}
 
     async def rollout_and_score(i):
-        await asyncio.sleep(0.6 * (i + 1))  # the stand-in for denoising sample i
+        await asyncio.sleep(1.0 * (i + 1))  # the stand-in for denoising sample i
         generated[i] = time.monotonic()
         results[i] = await worker.compute_score.remote(samples[i])
         scored[i] = time.monotonic()
