@@ -78,8 +78,6 @@ def build_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-
     vocab, merges = _train_bpe(vocab_size=400)
     tokenizer = CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=32)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
@@ -98,10 +96,11 @@ def build_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
         vision_config=dict(image_size=32, patch_size=8, **small),
         projection_dim=16,
     )
-    model = CLIPModel(config).eval()
+    with torch.random.fork_rng(devices=[]):  # seed the weights without touching the caller's RNG
+        torch.manual_seed(seed)
+        model = CLIPModel(config).eval()
+        head = torch.nn.Linear(config.projection_dim, 1)
     model.save_pretrained(out_dir)
-
-    head = torch.nn.Linear(config.projection_dim, 1)
     save_file(
         {"weight": head.weight.detach().contiguous(), "bias": head.bias.detach().contiguous()},
         str(out_dir / AESTHETIC_HEAD_FILE),
