@@ -67,10 +67,12 @@ def _train_bpe(vocab_size: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def build_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_clip(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
     """Write a tiny random CLIP checkpoint (+ processor and aesthetic head) to ``out_dir``.
 
-    Images are 32x32 (processor resizes and crops to that), embeddings have 16 dims.
+    Images are 32x32 (the processor resizes and crops to that), embeddings have 16 dims; the same
+    seed gives the same files. ``dtype`` is the dtype the CLIP weights are saved in (the head
+    stays float32).
     """
     import torch
     from safetensors.torch import save_file
@@ -100,7 +102,7 @@ def build_tiny_clip(out_dir: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = CLIPModel(config).eval()
         head = torch.nn.Linear(config.projection_dim, 1)
-    model.save_pretrained(out_dir)
+    model.to(getattr(torch, dtype)).save_pretrained(out_dir)
     save_file(
         {"weight": head.weight.detach().contiguous(), "bias": head.bias.detach().contiguous()},
         str(out_dir / AESTHETIC_HEAD_FILE),
