@@ -7,7 +7,10 @@ so ``tests/sanity/test_plugin.py`` asserts that every registration below really 
 
 import importlib
 
-REGISTERING_MODULES = ("verl_omni.trainer.flowgrpo.core_algos",)
+REGISTERING_MODULES = (
+    "verl_omni.platforms.verl_cpu",
+    "verl_omni.trainer.flowgrpo.core_algos",
+)
 
 for _module in REGISTERING_MODULES:
     importlib.import_module(_module)
