@@ -160,4 +160,3 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
-

@@ -123,10 +123,14 @@ def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int
 
 
 def _embeds_fields(prompt: PromptEmbeds, negative: PromptEmbeds | None) -> dict:
-    """The prompt embeddings as the rollout records them, keyed as the replay reads them."""
-    fields = {"prompt_embeds": prompt.embeds, "prompt_embeds_mask": prompt.mask}
+    """The prompt embeddings as the rollout records them (a mask always, ones where diffusers gives None)."""
+
+    def mask(p: PromptEmbeds) -> torch.Tensor:
+        return p.mask if p.mask is not None else torch.ones(p.embeds.shape[:2], dtype=torch.long)
+
+    fields = {"prompt_embeds": prompt.embeds, "prompt_embeds_mask": mask(prompt)}
     if negative is not None:
-        fields |= {"negative_prompt_embeds": negative.embeds, "negative_prompt_embeds_mask": negative.mask}
+        fields |= {"negative_prompt_embeds": negative.embeds, "negative_prompt_embeds_mask": mask(negative)}
     return fields
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from verl_omni.pipelines.model_base import register_training_adapter
+
 
 @dataclass
 class PromptEmbeds:
@@ -29,6 +31,7 @@ class PromptEmbeds:
     mask: torch.Tensor
 
 
+@register_training_adapter("QwenImagePipeline")
 class QwenImageTrainingAdapter:
     """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
 

@@ -52,7 +52,9 @@ class ReplaySpec:
         if self.height < 1 or self.width < 1:
             raise ValueError(f"replay height/width must be >= 1, got {self.height}x{self.width}")
         if not self.noise_level > 0:
-            raise ValueError(f"replay noise_level must be > 0 (the recorded steps are stochastic), got {self.noise_level}")
+            raise ValueError(
+                f"replay noise_level must be > 0 (the recorded steps are stochastic), got {self.noise_level}"
+            )
         if self.sde_type not in SDE_TYPES:
             raise ValueError(f"replay sde_type must be one of {SDE_TYPES}, got {self.sde_type!r}")
 
@@ -78,6 +80,12 @@ def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec) -> N
         raise ValueError(
             f"all_latents {tuple(lat.shape)} must be [B, W+1, N, C] for all_timesteps {tuple(ts.shape)} [B, W]"
         )
+
+
+def _embeds(batch: Mapping[str, torch.Tensor], key: str) -> PromptEmbeds:
+    """Embeddings and mask; an all-ones mask becomes None, as diffusers' pipeline passes it (same attention path)."""
+    mask = batch[f"{key}_mask"]
+    return PromptEmbeds(batch[key], None if bool(mask.all()) else mask)
 
 
 def prepare_scheduler(adapter, scheduler, spec: ReplaySpec, image_seq_len: int) -> None:
@@ -114,10 +122,8 @@ def replay_step(
     t = batch["all_timesteps"][:, step]
     cells = 2 * vae_scale_factor
     img_shapes = adapter.img_shapes(x.shape[0], 2 * (spec.height // cells), 2 * (spec.width // cells))
-    prompt = PromptEmbeds(batch["prompt_embeds"], batch["prompt_embeds_mask"])
-    negative = None
-    if spec.uses_cfg:
-        negative = PromptEmbeds(batch["negative_prompt_embeds"], batch["negative_prompt_embeds_mask"])
+    prompt = _embeds(batch, "prompt_embeds")
+    negative = _embeds(batch, "negative_prompt_embeds") if spec.uses_cfg else None
     velocity = adapter.predict_velocity(transformer, x, t, prompt, img_shapes, negative, spec.true_cfg_scale)
     return sde_step_with_logprob(
         scheduler, velocity, t, x, spec.noise_level, prev_sample=x_next, sde_type=spec.sde_type
