@@ -28,11 +28,8 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def recorded(tiny_qwen_image_path, tmp_path_factory):
-    from two_rank_engine import record_batch
-
-    path = tmp_path_factory.mktemp("recorded") / "recorded.pt"
-    return path, record_batch(tiny_qwen_image_path, path)
+def recorded(recorded_qwen_image_batch):
+    return recorded_qwen_image_batch
 
 
 @pytest.fixture(scope="module")

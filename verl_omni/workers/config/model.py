@@ -66,6 +66,9 @@ class DiffusionModelConfig(BaseConfig):
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """
 
+    # verl's TrainingWorker writes the model type it was built for into the model config
+    _mutable_fields = BaseConfig._mutable_fields | {"model_type"}
+
     path: str = ""
     model_type: str = "diffusion_model"
     lora: DiffusionLoraConfig = field(default_factory=DiffusionLoraConfig)

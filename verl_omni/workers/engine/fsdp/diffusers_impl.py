@@ -239,6 +239,21 @@ class DiffusersFSDPEngine(FSDPEngine):
         """
         return checkpoint.gather_lora_state_dict(self.module)
 
+    def get_per_tensor_param(self, **kwargs):
+        """LoRA tensors for the rollout, in peft's checkpoint naming, and the peft config (verl's contract).
+
+        Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` relative to the
+        transformer, as vLLM's LoRA loader parses peft checkpoints; the rollout side fuses the
+        q/k/v sub-layers itself (vLLM-Omni's ``packed_modules_mapping``). With ``model.lora.merge``
+        or without LoRA, full weights would be needed: not implemented yet.
+        """
+        if not self._is_lora or self.model_config.lora.merge:
+            raise NotImplementedError("weight export supports unmerged LoRA only (model.lora.rank > 0, merge=False)")
+        tensors = self.lora_state_dict()
+        config = self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
+        config["target_modules"] = sorted(config["target_modules"])
+        return ((f"base_model.model.{name}", tensor) for name, tensor in tensors.items()), config
+
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
         """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state."""
         if hdfs_path is not None:
