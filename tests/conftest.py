@@ -15,6 +15,14 @@ def tiny_qwen_image_path(tmp_path_factory):
     return build_tiny_model("qwen_image", tmp_path_factory.mktemp("tiny_qwen_image"), seed=0)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen_image_bf16_path(tmp_path_factory):
+    """The same tiny Qwen-Image saved in bf16, like the released checkpoint (GPU engines run it in bf16)."""
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    return build_tiny_model("qwen_image", tmp_path_factory.mktemp("tiny_qwen_image_bf16"), seed=0, dtype="bfloat16")
+
+
 SAMPLING_ARGS = ["--n", "2", "--steps", "4", "--size", "32", "--window", "2", "--cfg", "4.0", "--seed", "3"]
 
 

@@ -10,6 +10,7 @@ import importlib
 REGISTERING_MODULES = (
     "verl_omni.platforms.verl_cpu",
     "verl_omni.trainer.flowgrpo.core_algos",
+    "verl_omni.reward_loop",
 )
 # Not here: ``verl_omni.workers.engine.fsdp.diffusers_impl`` registers ``DiffusersFSDPEngine`` when the
 # actor worker imports it. Importing it costs peft, diffusers and verl's engines (seconds), which

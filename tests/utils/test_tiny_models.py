@@ -68,3 +68,13 @@ def test_unknown_builder_lists_the_choices():
     assert "qwen_image" in available_builders()
     with pytest.raises(ValueError, match="Available: .*qwen_image"):
         get_builder("qwen_imag")
+
+
+def test_bf16_variant_saves_bf16_weights_and_rejects_other_dtypes(tiny_qwen_image_bf16_path, tmp_path):
+    from safetensors import safe_open
+
+    f = tiny_qwen_image_bf16_path / "transformer" / "diffusion_pytorch_model.safetensors"
+    with safe_open(f, "pt") as st:
+        assert {st.get_tensor(k).dtype for k in st.keys()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="dtype"):
+        build_tiny_model("qwen_image", tmp_path, dtype="int8")

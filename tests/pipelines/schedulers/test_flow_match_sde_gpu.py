@@ -53,10 +53,11 @@ def test_cuda_loss_backward_direction():
     assert torch.all(-lp.grad * adv > 0) and metrics["ratio_mean"] == pytest.approx(1.0)
 
 
-def test_tiny_qwen_image_generates_in_bf16_on_cuda(tiny_qwen_image_path):
+def test_tiny_qwen_image_generates_in_bf16_on_cuda(tiny_qwen_image_bf16_path):
     from diffusers import QwenImagePipeline
 
-    pipe = QwenImagePipeline.from_pretrained(tiny_qwen_image_path, torch_dtype=torch.bfloat16).to("cuda")
+    # diffusers loads fp32 unless told otherwise (transformers loads the saved dtype)
+    pipe = QwenImagePipeline.from_pretrained(tiny_qwen_image_bf16_path, torch_dtype=torch.bfloat16).to("cuda")
     pipe.set_progress_bar_config(disable=True)
     img = pipe(
         prompt="a red cat",
