@@ -6,7 +6,8 @@ import socket
 
 import pytest
 import torch
-from tensordict import TensorDict
+from actor_helpers import batch_of as _batch
+from actor_helpers import build_actor as _actor
 
 pytestmark = pytest.mark.slow
 
@@ -21,33 +22,6 @@ def process_group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
-
-
-def _actor(model_path, lora_init=True, **actor_kwargs):
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
-    from verl.workers.engine.base import EngineRegistry
-
-    from verl_omni.workers.actor.diffusion_actor import DiffusionActor
-    from verl_omni.workers.config.actor import DiffusionActorConfig
-    from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
-
-    model = DiffusionModelConfig(
-        path=str(model_path), lora=DiffusionLoraConfig(rank=4, alpha=8, init_lora_weights=lora_init)
-    )
-    optim = FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, total_training_steps=10)
-    engine = EngineRegistry.new(
-        "diffusion_model", "fsdp2", model, FSDPEngineConfig(strategy="fsdp2", seed=1), optim, CheckpointConfig()
-    )
-    engine.initialize()
-    return DiffusionActor(engine, DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs))
-
-
-def _batch(rec: dict, advantages: torch.Tensor) -> TensorDict:
-    keys = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
-    keys += ("negative_prompt_embeds", "negative_prompt_embeds_mask")
-    fields = {k: rec[k] for k in keys} | {"advantages": advantages}
-    return TensorDict(fields, batch_size=[advantages.shape[0]])
 
 
 def test_kl_term_pulls_the_policy_back_to_the_reference(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
