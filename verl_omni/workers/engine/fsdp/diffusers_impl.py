@@ -45,14 +45,16 @@ logger = logging.getLogger(__name__)
 
 REPLAY_SPEC_KEY = "replay_spec"
 MICRO_BATCH_KEY = "micro_batch_size_per_gpu"
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_DTYPES |= {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _dtype(name: str, key: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise ValueError(f"{key}={name!r} is not a dtype; use one of {sorted(_DTYPES)}")
-    return _DTYPES[name]
+    """verl's precision names (fp32, bf16, fp16, ...) to a dtype, naming the config key on a miss."""
+    from verl.utils.torch_dtypes import PrecisionType
+
+    try:
+        return PrecisionType.to_dtype(name)
+    except RuntimeError as error:
+        raise ValueError(f"{key}={name!r} is not a precision verl knows (fp32, bf16, fp16)") from error
 
 
 @EngineRegistry.register(model_type="diffusion_model", backend="fsdp2", device=["cuda", "cpu"])
@@ -186,31 +188,38 @@ class DiffusersFSDPEngine(FSDPEngine):
         prepare_scheduler(self.adapter, self.scheduler, spec, data["all_latents"].shape[2])
         size, steps = data.batch_size[0], num_replay_steps(data)
         micro_batches = data.split(self._micro_batch_size(data))
-        log_probs, means, metrics = [], [], {}
+        outputs, metrics = [], {}
         for i, micro_batch in enumerate(micro_batches):
-            micro_batch = micro_batch.to(get_device_id())
-            mb_log_probs, mb_means = [], []
-            for step in range(steps):
-                last = i == len(micro_batches) - 1 and step == steps - 1
-                sync = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
-                with torch.no_grad() if forward_only else nullcontext(), sync:
-                    out = self.replay(micro_batch, step, spec)
-                    if loss_function is not None:
-                        loss, step_metrics = loss_function(out, micro_batch, step)
-                        if not forward_only:
-                            (loss * (micro_batch.batch_size[0] / (size * steps))).backward()
-                        for key, value in step_metrics.items():
-                            metrics.setdefault(key, []).append(value)
-                mb_log_probs.append(out.log_prob.detach())
-                if forward_only:
-                    mb_means.append(out.prev_sample_mean.detach())
-            log_probs.append(torch.stack(mb_log_probs, dim=1))
-            if forward_only:
-                means.append(torch.stack(mb_means, dim=1))
-        output = {"log_probs": torch.cat(log_probs).cpu(), "metrics": metrics}
+            weight = micro_batch.batch_size[0] / (size * steps)
+            is_last = i == len(micro_batches) - 1
+            outputs.append(
+                self._replay_micro_batch(micro_batch, spec, loss_function, forward_only, weight, is_last, metrics)
+            )
+        output = {"log_probs": torch.cat([o[0] for o in outputs]).cpu(), "metrics": metrics}
         if forward_only:
-            output["prev_sample_mean"] = torch.cat(means).cpu()
+            output["prev_sample_mean"] = torch.cat([o[1] for o in outputs]).cpu()
         return output
+
+    def _replay_micro_batch(self, micro_batch, spec, loss_function, forward_only, weight, is_last, metrics):
+        """All W steps of one micro-batch: ``(log_probs [b, W], means [b, W, N, C] or None)``; backward per step."""
+        micro_batch = micro_batch.to(get_device_id())
+        steps = num_replay_steps(micro_batch)
+        log_probs, means = [], []
+        for step in range(steps):
+            last = is_last and step == steps - 1
+            sync = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
+            with torch.no_grad() if forward_only else nullcontext(), sync:
+                out = self.replay(micro_batch, step, spec)
+                if loss_function is not None:
+                    loss, step_metrics = loss_function(out, micro_batch, step)
+                    if not forward_only:
+                        (loss * weight).backward()
+                    for key, value in step_metrics.items():
+                        metrics.setdefault(key, []).append(value)
+            log_probs.append(out.log_prob.detach())
+            if forward_only:
+                means.append(out.prev_sample_mean.detach())
+        return torch.stack(log_probs, dim=1), torch.stack(means, dim=1) if forward_only else None
 
     def _micro_batch_size(self, data: TensorDict) -> int:
         """Samples per forward: the batch's ``micro_batch_size_per_gpu`` (set by the actor), else the engine's."""
