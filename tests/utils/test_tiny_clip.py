@@ -1,25 +1,15 @@
 """The tiny random CLIP: deterministic per seed and loadable the way the CLIP scorers load it."""
 
-import hashlib
-
 import torch
 from transformers import CLIPModel, CLIPProcessor
 
-from verl_omni.utils.tiny_models import available_builders, build_tiny_model
-
-
-def _digest(path):
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
+from verl_omni.utils.tiny_models import available_builders, build_tiny_model, directory_digest
 
 
 def test_clip_builder_is_registered_and_deterministic_per_seed(tiny_clip_dir, tmp_path):
     assert "clip" in available_builders()
-    assert _digest(build_tiny_model("clip", tmp_path / "same", seed=0)) == _digest(tiny_clip_dir)
-    assert _digest(build_tiny_model("clip", tmp_path / "other", seed=1)) != _digest(tiny_clip_dir)
+    assert directory_digest(build_tiny_model("clip", tmp_path / "same", seed=0)) == directory_digest(tiny_clip_dir)
+    assert directory_digest(build_tiny_model("clip", tmp_path / "other", seed=1)) != directory_digest(tiny_clip_dir)
     assert (tiny_clip_dir / "aesthetic_head.safetensors").is_file()
 
 

@@ -9,6 +9,7 @@ CLI: ``python -m verl_omni.utils.tiny_models NAME --out DIR [--seed S]``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable
 from pathlib import Path
@@ -38,3 +39,13 @@ def build_tiny_model(name: str, out_dir: str | Path, seed: int = 0, dtype: str =
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype!r}")
     return get_builder(name)(Path(out_dir), seed, dtype)
+
+
+def directory_digest(path: str | Path) -> str:
+    """sha256 over every file's relative path and bytes: equal digests mean byte-identical model directories."""
+    root = Path(path)
+    h = hashlib.sha256()
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(f.relative_to(root).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
