@@ -13,14 +13,29 @@ def test_verl_plugin_entry_point_is_installed():
     assert "verl_omni.plugin" in {ep.value for ep in eps}
 
 
-def test_importing_verl_alone_registers_our_algorithms():
+def test_importing_verl_alone_registers_everything():
     # a fresh interpreter that imports only verl, as a Ray worker would
     code = (
         "import verl, sys\n"
-        "from verl_omni.trainer.flowgrpo import core_algos as c\n"
         "assert 'verl_omni.plugin' in sys.modules, 'plugin not loaded by verl'\n"
-        "print(c.ADV_ESTIMATORS.names(), c.POLICY_LOSSES.names())\n"
+        "from verl_omni.trainer.flowgrpo import core_algos as c\n"
+        "from verl_omni.utils.reward_score.registry import SCORERS\n"
+        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
+        "print('algos', c.ADV_ESTIMATORS.names(), c.POLICY_LOSSES.names())\n"
+        "print('scorers', SCORERS.names())\n"
+        "print('reward_manager', get_reward_manager_cls('diffusion').__name__)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "['flow_grpo'] ['flow_grpo']" in out.stdout
+    assert "algos ['flow_grpo'] ['flow_grpo']" in out.stdout
+    for scorer in (
+        "jpeg_compressibility",
+        "jpeg_incompressibility",
+        "ocr",
+        "pickscore",
+        "clip_score",
+        "aesthetic",
+        "http",
+    ):
+        assert f"'{scorer}'" in out.stdout, out.stdout
+    assert "reward_manager DiffusionRewardManager" in out.stdout

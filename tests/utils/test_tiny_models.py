@@ -1,12 +1,11 @@
 """The tiny random Qwen-Image: deterministic, small, loadable by diffusers, and it generates on CPU."""
 
-import hashlib
 import json
 
 import pytest
 import torch
 
-from verl_omni.utils.tiny_models import available_builders, build_tiny_model, get_builder
+from verl_omni.utils.tiny_models import available_builders, build_tiny_model, directory_digest, get_builder
 
 TEMPLATE_PREFIX = (
     "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
@@ -15,19 +14,11 @@ TEMPLATE_PREFIX = (
 DROPPED_PREFIX_TOKENS = 34  # QwenImagePipeline.prompt_template_encode_start_idx
 
 
-def _digest(path):
-    h = hashlib.sha256()
-    for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
 def test_builder_is_deterministic_per_seed_and_small(tiny_qwen_image_path, tmp_path):
     again = build_tiny_model("qwen_image", tmp_path / "same", seed=0)
     other = build_tiny_model("qwen_image", tmp_path / "other", seed=1)
-    assert _digest(again) == _digest(tiny_qwen_image_path)
-    assert _digest(other) != _digest(tiny_qwen_image_path)
+    assert directory_digest(again) == directory_digest(tiny_qwen_image_path)
+    assert directory_digest(other) != directory_digest(tiny_qwen_image_path)
     size = sum(f.stat().st_size for f in tiny_qwen_image_path.rglob("*") if f.is_file())
     assert size < 20 * 2**20
     index = json.loads((tiny_qwen_image_path / "model_index.json").read_text())
@@ -68,3 +59,13 @@ def test_unknown_builder_lists_the_choices():
     assert "qwen_image" in available_builders()
     with pytest.raises(ValueError, match="Available: .*qwen_image"):
         get_builder("qwen_imag")
+
+
+def test_bf16_variant_saves_bf16_weights_and_rejects_other_dtypes(tiny_qwen_image_bf16_path, tmp_path):
+    from safetensors import safe_open
+
+    f = tiny_qwen_image_bf16_path / "transformer" / "diffusion_pytorch_model.safetensors"
+    with safe_open(f, "pt") as st:
+        assert {st.get_tensor(k).dtype for k in st.keys()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="dtype"):
+        build_tiny_model("qwen_image", tmp_path, dtype="int8")

@@ -36,6 +36,7 @@ from verl_omni.pipelines.schedulers import (
     window_noise_levels,
 )
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl_omni.workers.utils.replay import ReplaySpec, num_replay_steps, prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int
     )
     lat_hw = 2 * (args.size // (pipe.vae_scale_factor * 2))
     img_shapes = adapter.img_shapes(batch, lat_hw, lat_hw)
-    scheduler.set_timesteps(args.steps, mu=_mu(scheduler, latents.shape[1]))
+    adapter.set_timesteps(scheduler, args.steps, latents.shape[1])
     starts = [sample_sde_window_start(s, args.steps, args.window, (0, args.steps)) for s in seeds]
     levels = torch.tensor([window_noise_levels(args.steps, st, args.window, args.noise_level) for st in starts])
     traj, logps, ts = [[] for _ in seeds], [[] for _ in seeds], [[] for _ in seeds]
@@ -115,15 +116,22 @@ def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int
         "final_latents": latents,
         "all_latents": torch.stack([torch.stack(x) for x in traj]),  # [B, W+1, N, C]
         "log_probs": torch.stack([torch.stack(x) for x in logps]),  # [B, W]
-        "timesteps": torch.stack([torch.stack(x) for x in ts]),  # [B, W]
-        "img_shapes": img_shapes,
+        "all_timesteps": torch.stack([torch.stack(x) for x in ts]),  # [B, W]
+        "vae_scale_factor": pipe.vae_scale_factor,
+        **_embeds_fields(prompt, negative),
     }
 
 
-def _mu(scheduler, image_seq_len: int) -> float:
-    c = scheduler.config
-    m = (c.max_shift - c.base_shift) / (c.max_image_seq_len - c.base_image_seq_len)
-    return image_seq_len * m + (c.base_shift - m * c.base_image_seq_len)
+def _embeds_fields(prompt: PromptEmbeds, negative: PromptEmbeds | None) -> dict:
+    """The prompt embeddings as the rollout records them (a mask always, ones where diffusers gives None)."""
+
+    def mask(p: PromptEmbeds) -> torch.Tensor:
+        return p.mask if p.mask is not None else torch.ones(p.embeds.shape[:2], dtype=torch.long)
+
+    fields = {"prompt_embeds": prompt.embeds, "prompt_embeds_mask": mask(prompt)}
+    if negative is not None:
+        fields |= {"negative_prompt_embeds": negative.embeds, "negative_prompt_embeds_mask": mask(negative)}
+    return fields
 
 
 @torch.no_grad()
@@ -136,15 +144,16 @@ def decode(pipe, latents: torch.Tensor, size: int) -> torch.Tensor:
     return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
-def replay_log_probs(transformer, scheduler, rec, prompt, negative, args) -> torch.Tensor:
+def replay_log_probs(transformer, scheduler, rec, args) -> torch.Tensor:
     """log π_θ of every recorded transition, ``[B, W]``, with grad through the transformer."""
+    spec = ReplaySpec(args.steps, args.size, args.size, args.noise_level, "sde", args.cfg)
     adapter = QwenImageTrainingAdapter
-    out = []
-    for j in range(rec["log_probs"].shape[1]):
-        x, x_next, t = rec["all_latents"][:, j], rec["all_latents"][:, j + 1], rec["timesteps"][:, j]
-        v = adapter.predict_velocity(transformer, x, t, prompt, rec["img_shapes"], negative, args.cfg)
-        out.append(sde_step_with_logprob(scheduler, v, t, x, args.noise_level, prev_sample=x_next).log_prob)
-    return torch.stack(out, dim=1)
+    prepare_scheduler(adapter, scheduler, spec, rec["all_latents"].shape[2])
+    steps = range(num_replay_steps(rec))
+    return torch.stack(
+        [replay_step(adapter, transformer, scheduler, rec, j, spec, rec["vae_scale_factor"]).log_prob for j in steps],
+        dim=1,
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -176,7 +185,7 @@ def run(args: argparse.Namespace) -> dict:
         LoraConfig(r=8, lora_alpha=8, target_modules=list(QwenImageTrainingAdapter.lora_target_modules))
     )
     with torch.no_grad():
-        replayed = replay_log_probs(transformer, scheduler, rec, prompt, negative, args)
+        replayed = replay_log_probs(transformer, scheduler, rec, args)
     consistency = (replayed - rec["log_probs"]).abs().max().item()
 
     logger.info("[3/4] %d Flow-GRPO updates on the LoRA", args.updates)
@@ -186,7 +195,7 @@ def run(args: argparse.Namespace) -> dict:
     losses = []
     for _ in range(args.updates):
         opt.zero_grad()
-        logp = replay_log_probs(transformer, scheduler, rec, prompt, negative, args)
+        logp = replay_log_probs(transformer, scheduler, rec, args)
         loss, metrics = loss_fn(
             logp.flatten(), rec["log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
         )
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace) -> dict:
         opt.step()
         losses.append(metrics["pg_loss"])
     with torch.no_grad():
-        delta = (replay_log_probs(transformer, scheduler, rec, prompt, negative, args) - rec["log_probs"]).mean(dim=1)
+        delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["log_probs"]).mean(dim=1)
 
     logger.info("[4/4] writing images and metrics to %s", out)
     _save_grid(images, args.n, out / "samples.png")

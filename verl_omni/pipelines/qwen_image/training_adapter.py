@@ -8,10 +8,14 @@ and diffusers alike): v = v_neg + w·(v_pos − v_neg), rescaled per latent toke
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from verl_omni.pipelines.model_base import register_training_adapter
 
 
 @dataclass
@@ -27,10 +31,13 @@ class PromptEmbeds:
     mask: torch.Tensor
 
 
+@register_training_adapter("QwenImagePipeline")
 class QwenImageTrainingAdapter:
     """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
 
     transformer_subfolder = "transformer"
+    # diffusers pipeline whose save_lora_weights / load_lora_weights define the LoRA file format
+    pipeline_class_name = "QwenImagePipeline"
     # transformer blocks wrapped one FSDP unit each
     fsdp_wrap_blocks = ("QwenImageTransformerBlock",)
     # attention projections of both streams: the usual Flow-GRPO LoRA targets for Qwen-Image
@@ -57,6 +64,27 @@ class QwenImageTrainingAdapter:
                 "point it at a diffusers Qwen-Image directory (see `python -m verl_omni.utils.tiny_models`)"
             )
         return QwenImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype)
+
+    @staticmethod
+    def vae_scale_factor(model_path: str | Path) -> int:
+        """Pixels per latent cell, as ``QwenImagePipeline`` derives it from the VAE config."""
+        config = json.loads((Path(model_path) / "vae" / "config.json").read_text())
+        return 2 ** len(config["temperal_downsample"])
+
+    @staticmethod
+    def set_timesteps(scheduler, num_inference_steps: int, image_seq_len: int) -> None:
+        """The rollout's schedule: ``QwenImagePipeline``'s linear sigmas with the resolution-dependent shift.
+
+        The trainer rebuilds the schedule from these two numbers to replay recorded steps, so it
+        must stay identical to what the rollout pipeline does.
+        """
+        c = scheduler.config
+        base_len, max_len = c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096)
+        base_shift, max_shift = c.get("base_shift", 0.5), c.get("max_shift", 1.15)
+        slope = (max_shift - base_shift) / (max_len - base_len)
+        mu = image_seq_len * slope + (base_shift - slope * base_len)
+        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+        scheduler.set_timesteps(sigmas=sigmas, mu=mu)
 
     @staticmethod
     def img_shapes(batch_size: int, latent_height: int, latent_width: int) -> list[list[tuple[int, int, int]]]:

@@ -46,29 +46,6 @@ class SDEStepOutput(NamedTuple):
     std_dev_t: torch.Tensor
 
 
-class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
-    """diffusers' flow-match Euler scheduler plus the stochastic step used by Flow-GRPO.
-
-    Loads from any ``FlowMatchEulerDiscreteScheduler`` config (e.g. Qwen-Image's), so a real
-    checkpoint's ``scheduler/`` directory works unchanged.
-    """
-
-    def step_with_logprob(
-        self,
-        model_output: torch.Tensor,
-        timestep: float | torch.Tensor,
-        sample: torch.Tensor,
-        noise_level: float | torch.Tensor = 0.7,
-        prev_sample: torch.Tensor | None = None,
-        generator: torch.Generator | list[torch.Generator] | None = None,
-        sde_type: str = "sde",
-    ) -> SDEStepOutput:
-        """Method form of :func:`sde_step_with_logprob` (same arguments)."""
-        return sde_step_with_logprob(
-            self, model_output, timestep, sample, noise_level, prev_sample, generator, sde_type
-        )
-
-
 def _batch_view(values: torch.Tensor, ndim: int) -> torch.Tensor:
     """Reshape a ``[B]`` tensor to ``[B, 1, ..., 1]`` so it broadcasts over a sample of ``ndim`` dims."""
     return values.reshape(-1, *([1] * (ndim - 1)))
@@ -184,6 +161,17 @@ def sde_step_with_logprob(
     log_prob = log_prob.mean(dim=tuple(range(1, ndim)))
     log_prob = torch.where(deterministic.reshape(-1), torch.full_like(log_prob, float("nan")), log_prob)
     return SDEStepOutput(prev_sample, log_prob, mean, std_dev_t)
+
+
+class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
+    """diffusers' flow-match Euler scheduler plus the stochastic step used by Flow-GRPO.
+
+    Loads from any ``FlowMatchEulerDiscreteScheduler`` config (e.g. Qwen-Image's), so a real
+    checkpoint's ``scheduler/`` directory works unchanged.
+    """
+
+    # ``scheduler.step_with_logprob(...)`` is ``sde_step_with_logprob(scheduler, ...)``
+    step_with_logprob = sde_step_with_logprob
 
 
 def sample_sde_window_start(seed: int, num_steps: int, window_size: int, window_range: tuple[int, int]) -> int:

@@ -10,10 +10,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Build a tiny random model directory.")
     parser.add_argument("name", choices=available_builders())
     parser.add_argument("--out", required=True, help="output directory (created)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for weights and tokenizer")
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="dtype the weights are saved in"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    path = build_tiny_model(args.name, args.out, args.seed)
+    path = build_tiny_model(args.name, args.out, args.seed, args.dtype)
     logging.getLogger(__name__).info("wrote %s model to %s", args.name, path)
 
 

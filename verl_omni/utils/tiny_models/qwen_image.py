@@ -104,12 +104,14 @@ def _text_encoder(tokenizer):
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
-def build_tiny_qwen_image(out_dir: Path, seed: int = 0) -> Path:
+def build_tiny_qwen_image(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
     """Write a tiny random Qwen-Image pipeline to ``out_dir``; the same seed gives the same weights.
 
     Args:
         out_dir: target directory (created; existing files are overwritten).
         seed: seeds every component's random init.
+        dtype: dtype the weights are saved in. ``float32`` for CPU runs; ``bfloat16`` mirrors the
+            released checkpoint, whose components load in bf16 (what a bf16 engine on GPU expects).
 
     Returns:
         ``out_dir``, loadable with ``QwenImagePipeline.from_pretrained(out_dir)``.
@@ -123,7 +125,7 @@ def build_tiny_qwen_image(out_dir: Path, seed: int = 0) -> Path:
         [("transformer", _transformer), ("vae", _vae), ("text_encoder", lambda: _text_encoder(tokenizer))]
     ):
         torch.manual_seed(seed + offset)
-        components[name] = make()
+        components[name] = make().to(getattr(torch, dtype))
     pipe = QwenImagePipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG),
         tokenizer=tokenizer,

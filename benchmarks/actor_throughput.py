@@ -1,0 +1,182 @@
+"""Throughput of the actor's replay: forward + backward of one recorded step, samples/s per micro-batch size.
+
+``python benchmarks/actor_throughput.py [--model-path DIR] [--full-size] [--micro-batches 1 2 4 8]``
+
+Each sample is one replayed transition (``verl_omni.workers.utils.replay.replay_step``: velocity,
+SDE step, log-prob) followed by the backward of its log-prob into a peft LoRA, the unit of work
+of ``update_actor``. FLOPs are counted by ``torch.utils.flop_counter`` on one measured step
+(matmuls and attention, forward and backward), so TFLOP/s needs no hand-written formula; the
+ceiling is a measured square matmul in the compute dtype on the same device.
+
+Default: the tiny random Qwen-Image (built into a temporary directory), fp32 on whatever device
+is present. ``--full-size``: the real Qwen-Image transformer architecture with random bf16
+weights on CUDA, LoRA r=64, 512x512 images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
+from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
+from verl_omni.workers.utils.replay import ReplaySpec, prepare_scheduler, replay_step
+
+logger = logging.getLogger(__name__)
+
+ADAPTER = QwenImageTrainingAdapter
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-path", default=None, help="diffusers Qwen-Image directory (default: the tiny one)")
+    p.add_argument("--full-size", action="store_true", help="real architecture, random bf16 weights, CUDA")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--size", type=int, default=None, help="image side in pixels (default 512 full-size, 64 tiny)")
+    p.add_argument("--text-len", type=int, default=128, help="prompt embedding length")
+    p.add_argument("--lora-rank", type=int, default=None, help="default 64 full-size, 8 tiny")
+    p.add_argument("--cfg", type=float, default=1.0, help="true CFG scale (> 1 doubles the transformer passes)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--no-gradient-checkpointing", action="store_true")
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def build_transformer(args, model_path, device: torch.device, dtype: torch.dtype):
+    """The transformer with a LoRA; random full-size weights, or loaded from ``model_path``."""
+    from diffusers import QwenImageTransformer2DModel
+    from peft import LoraConfig
+
+    if args.full_size:
+        with torch.device(device):
+            model = QwenImageTransformer2DModel().to(dtype)  # diffusers' defaults are the released architecture
+        vae_scale_factor = 8
+    else:
+        model = ADAPTER.load_transformer(model_path, dtype=dtype).to(device)
+        vae_scale_factor = ADAPTER.vae_scale_factor(model_path)
+    if not args.no_gradient_checkpointing:
+        model.enable_gradient_checkpointing()
+    model.requires_grad_(False)
+    rank = args.lora_rank or (64 if args.full_size else 8)
+    model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(ADAPTER.lora_target_modules)))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model, vae_scale_factor
+
+
+def make_batch(model, spec: ReplaySpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
+    """Random recorded transitions at the first scheduled step, shaped as the rollout records them."""
+    cells = spec.height // (2 * vae_scale_factor) * (spec.width // (2 * vae_scale_factor))
+    channels, text_dim = model.config.in_channels, model.config.joint_attention_dim
+    prepare_scheduler(ADAPTER, scheduler, spec, cells)
+    fields = {
+        "all_latents": torch.randn(batch, 2, cells, channels, device=device),
+        "all_timesteps": scheduler.timesteps[:1].expand(batch, 1).to(device),
+        "prompt_embeds": torch.randn(batch, text_len, text_dim, device=device),
+        "prompt_embeds_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
+    }
+    if spec.uses_cfg:
+        fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
+        fields["negative_prompt_embeds_mask"] = fields["prompt_embeds_mask"].clone()
+    return fields
+
+
+def fwd_bwd(model, scheduler, batch: dict, spec: ReplaySpec, vae_scale_factor: int, dtype: torch.dtype) -> None:
+    with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=dtype != torch.float32):
+        out = replay_step(ADAPTER, model, scheduler, batch, 0, spec, vae_scale_factor)
+    out.log_prob.mean().backward()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype, n: int) -> float:
+    """TFLOP/s of a square n×n matmul in ``dtype`` on ``device``: the practical ceiling to compare against."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    reps = 20 if device.type == "cuda" else 3
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
+
+
+def measure(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype) -> dict:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = make_batch(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
+    for _ in range(args.warmup):
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+    model.zero_grad(set_to_none=True)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(args.iters):
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+    _sync(device)
+    seconds = (time.perf_counter() - start) / args.iters
+    model.zero_grad(set_to_none=True)
+    return {
+        "micro_batch": micro_batch,
+        "samples_per_s": micro_batch / seconds,
+        "step_s": seconds,
+        "tflops": counter.get_total_flops() / seconds / 1e12,
+    }
+
+
+def main(argv=None) -> list[dict]:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.full_size and device.type != "cuda":
+        raise SystemExit("--full-size needs a CUDA device (the transformer alone is ~40 GB in bf16)")
+    dtype = torch.bfloat16 if args.full_size else torch.float32
+    size = args.size or (512 if args.full_size else 64)
+    spec = ReplaySpec(num_inference_steps=10, height=size, width=size, noise_level=0.7, true_cfg_scale=args.cfg)
+    scheduler = FlowMatchSDEDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG)
+    with tempfile.TemporaryDirectory(prefix="tiny_qwen_image_") as tmp:
+        model_path = args.model_path
+        if model_path is None and not args.full_size:
+            from verl_omni.utils.tiny_models import build_tiny_model
+
+            model_path = build_tiny_model("qwen_image", Path(tmp), seed=0)
+        model, vae_scale_factor = build_transformer(args, model_path, device, dtype)
+    ceiling = matmul_ceiling_tflops(device, dtype, 8192 if device.type == "cuda" else 1024)
+    logger.info("device %s, %s, matmul ceiling %.4g TFLOP/s", device, dtype, ceiling)
+    results = []
+    for micro_batch in args.micro_batches:
+        row = measure(model, scheduler, spec, args, micro_batch, vae_scale_factor, device, dtype)
+        row["fraction_of_matmul_ceiling"] = row["tflops"] / ceiling
+        results.append(row)
+        logger.info(
+            "micro-batch %d: %.4g samples/s, %.4g s/step, %.4g TFLOP/s (%.2g%% of matmul ceiling)",
+            micro_batch,
+            row["samples_per_s"],
+            row["step_s"],
+            row["tflops"],
+            100 * row["fraction_of_matmul_ceiling"],
+        )
+    if args.out:
+        meta = {"device": str(device), "dtype": str(dtype), "size": size, "matmul_ceiling_tflops": ceiling}
+        Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""The actor benchmark runs end to end on the tiny model and counts the replay's FLOPs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "actor_throughput.py"
+
+
+def _load_benchmark():
+    spec = importlib.util.spec_from_file_location("actor_throughput", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_actor_throughput_reports_every_micro_batch(tmp_path, tiny_qwen_image_path):
+    actor_throughput = _load_benchmark()
+
+    out = tmp_path / "bench.json"
+    argv = ["--model-path", str(tiny_qwen_image_path), "--micro-batches", "1", "2", "--size", "32"]
+    rows = actor_throughput.main(argv + ["--warmup", "0", "--iters", "1", "--out", str(out)])
+
+    assert [r["micro_batch"] for r in rows] == [1, 2]
+    assert all(r["samples_per_s"] > 0 and r["tflops"] > 0 for r in rows)
+    saved = json.loads(out.read_text())
+    assert saved["meta"]["matmul_ceiling_tflops"] > 0 and len(saved["results"]) == 2

@@ -1,0 +1,68 @@
+"""``reward.diffusion`` config: validation errors name the full dotted key."""
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_omni.workers.config.reward import DiffusionRewardConfig, ScorerConfig
+
+JPEG = {"type": "jpeg_compressibility"}
+
+
+def build(**node):
+    return DiffusionRewardConfig.from_config(OmegaConf.create(node))
+
+
+def test_builds_from_yaml_node_with_defaults():
+    cfg = build(
+        scorers=[
+            JPEG,
+            {"type": "ocr", "name": "text", "required": False, "params": {"url": "http://h/v1", "model": "m"}},
+        ]
+    )
+    assert [s.label for s in cfg.scorers] == ["jpeg_compressibility", "text"]
+    assert isinstance(cfg.scorers[1], ScorerConfig) and cfg.scorers[1].required is False
+    assert (cfg.num_workers, cfg.async_reward, cfg.image_key) == (1, False, "responses")
+
+
+@pytest.mark.parametrize(
+    "node, message",
+    [
+        ({"scorers": []}, r"reward\.diffusion\.scorers must list at least one scorer"),
+        (
+            {"scorers": [JPEG, {"type": "pickscorex"}]},
+            r"reward\.diffusion\.scorers\[1\]\.type: Unknown scorer 'pickscorex'\. Available: aesthetic, ",
+        ),
+        (
+            {"scorers": [{"type": "jpeg_compressibility", "weight": 0}]},
+            r"reward\.diffusion\.scorers\[0\]\.weight must be a finite number > 0",
+        ),
+        ({"scorers": [JPEG, JPEG]}, r"reward\.diffusion\.scorers\[1\]\.name 'jpeg_compressibility' is used twice"),
+        (
+            {"scorers": [{"type": "jpeg_compressibility", "name": "mean"}]},
+            r"reward\.diffusion\.scorers\[0\]\.name 'mean' is reserved",
+        ),
+        (
+            {"scorers": [{"type": "ocr", "params": {"url": "ftp://x", "model": "m"}}]},
+            r"reward\.diffusion\.scorers\[0\]\.params\.url must be an http\(s\) URL",
+        ),
+        (
+            {"scorers": [{"type": "pickscore", "params": {}}]},
+            r"reward\.diffusion\.scorers\[0\]\.params\.model_path must name",
+        ),
+        (
+            {"scorers": [{"type": "jpeg_compressibility", "wieght": 2}]},
+            r"reward\.diffusion\.scorers\[0\]: unknown key\(s\) \['wieght'\]",
+        ),
+        ({"scorers": [JPEG], "num_workers": 0}, r"reward\.diffusion\.num_workers must be an integer >= 1"),
+        ({"scorers": [JPEG], "num_gpus_per_worker": -1}, r"reward\.diffusion\.num_gpus_per_worker must be >= 0"),
+        ({"scorers": [JPEG], "async": True}, r"reward\.diffusion: unknown key\(s\) \['async'\]"),
+    ],
+)
+def test_invalid_config_names_the_dotted_key(node, message):
+    with pytest.raises(ValueError, match=message):
+        build(**node)
+
+
+def test_missing_node_is_reported():
+    with pytest.raises(ValueError, match=r"reward\.diffusion is missing"):
+        DiffusionRewardConfig.from_config(None)

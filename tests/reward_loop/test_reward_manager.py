@@ -1,0 +1,90 @@
+"""DiffusionRewardManager in-process: DataProto in, per-sample rewards and extra info out."""
+
+import asyncio
+import math
+
+import numpy as np
+import pytest
+import torch
+from reward_loop_helpers import make_config, make_data, make_images
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+
+from verl_omni.reward_loop import DiffusionRewardManager
+from verl_omni.reward_loop.reward_loop import _diffusion_manager_cls
+from verl_omni.reward_loop.reward_manager import ground_truth_text, prompt_text
+from verl_omni.utils.reward_score import ScorerError
+from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
+
+
+def ocr_entry(url, required):
+    params = {"url": url, "model": "vlm", "max_retries": 1, "backoff_s": 0.01, "max_backoff_s": 0.01}
+    return {"type": "ocr", "required": required, "params": params}
+
+
+def test_diffusion_is_registered_in_verls_reward_manager_registry():
+    assert get_reward_manager_cls("diffusion") is DiffusionRewardManager
+    assert _diffusion_manager_cls(make_config(scorers=[{"type": "jpeg_compressibility"}])) is DiffusionRewardManager
+
+
+def test_a_text_reward_manager_is_refused_by_name():
+    config = make_config(scorers=[{"type": "jpeg_compressibility"}])
+    config.reward.reward_manager.name = "naive"
+    with pytest.raises(ValueError, match="reward.reward_manager.name='naive'.*cannot score images"):
+        _diffusion_manager_cls(config)
+
+
+def test_run_batch_scores_each_sample_and_marks_excluded_optional_scorer(refusing_url):
+    config = make_config(
+        scorers=[
+            {"type": "jpeg_compressibility", "name": "jpeg", "weight": 2.0},
+            ocr_entry(refusing_url, required=False),
+        ]
+    )
+    images = make_images(3)
+    chat = [{"role": "system", "content": "be nice"}, {"role": "user", "content": 'a sign "hi"'}]
+    data = make_data(images, [chat, 'sign "a"', 'sign "b"'], truths=["hi", None, "b"])
+    out = asyncio.run(DiffusionRewardManager(config).run_batch(data))
+    expected = [-jpeg_size_ratio(image, 95) for image in images]
+    assert [o["reward_score"] for o in out] == pytest.approx(expected)
+    assert [o["reward_extra_info"]["reward/jpeg"] for o in out] == pytest.approx(expected)
+    assert all(math.isnan(o["reward_extra_info"]["reward/ocr"]) for o in out)
+    assert out[0]["reward_score"] > out[1]["reward_score"]
+
+
+def test_required_scorer_failure_raises_with_scorer_name(refusing_url):
+    config = make_config(scorers=[{"type": "jpeg_compressibility"}, ocr_entry(refusing_url, required=True)])
+    data = make_data(make_images(1), ['sign "a"'])
+    with pytest.raises(ScorerError, match=r"required scorer 'ocr' failed: .*after 2 attempts"):
+        asyncio.run(DiffusionRewardManager(config).run_single(data))
+
+
+def test_bad_images_and_missing_keys_are_named_errors():
+    manager = DiffusionRewardManager(make_config(scorers=[{"type": "jpeg_compressibility"}]))
+    with pytest.raises(ValueError, match="uint8"):
+        asyncio.run(manager.run_batch(make_data(make_images(1).float(), ["p"])))
+    with pytest.raises(ValueError, match=r"\[B, 3, H, W\]"):
+        asyncio.run(manager.run_batch(make_data(make_images(1)[:, :1], ["p"])))
+    data = make_data(make_images(1), ["p"])
+    data.batch.rename_key_("responses", "images")
+    with pytest.raises(KeyError, match="'responses' .*reward.diffusion.image_key"):
+        asyncio.run(manager.run_batch(data))
+    with pytest.raises(ValueError, match="run_single scores one sample"):
+        asyncio.run(manager.run_single(make_data(make_images(2), ["a", "b"])))
+
+
+def test_rm_scores_hold_one_scalar_per_image():
+    data = make_data(make_images(2), ["a", "b"])
+    scores = DiffusionRewardManager.assemble_rm_scores(data, [0.5, -1.0])
+    assert scores.dtype == torch.float32 and scores.tolist() == [0.5, -1.0]
+
+
+def test_prompt_and_ground_truth_extraction():
+    parts = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a cat"}]}]
+    assert prompt_text(np.array(parts, dtype=object), "raw_prompt") == "a cat"
+    assert prompt_text("plain", "raw_prompt") == "plain"
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['raw_prompt'\]"):
+        prompt_text(3, "raw_prompt")
+    assert ground_truth_text({"ground_truth": "x"}, "reward_model") == "x"
+    assert ground_truth_text(None, "reward_model") is None
+    with pytest.raises(ValueError, match=r"non_tensor_batch\['reward_model'\]"):
+        ground_truth_text(7, "reward_model")

@@ -1,0 +1,37 @@
+"""Scorer registry: modeled on verl's register_trainer."""
+
+import pytest
+
+from verl_omni.utils.reward_score import SCORERS, Scorer, available_scorers, get_scorer_cls, register_scorer
+
+BUILT_IN = ["aesthetic", "clip_score", "http", "jpeg_compressibility", "jpeg_incompressibility", "ocr", "pickscore"]
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_built_in_scorer_resolves_and_documents_its_range(name):
+    cls = get_scorer_cls(name)
+    assert issubclass(cls, Scorer)
+    assert "Range" in cls.__doc__
+
+
+def test_unknown_scorer_lists_the_available_ones():
+    with pytest.raises(ValueError, match="Unknown scorer 'nope'. Available: " + ", ".join(available_scorers())):
+        get_scorer_cls("nope")
+
+
+def test_register_rejects_duplicates_and_non_scorers():
+    with pytest.raises(ValueError, match="scorer 'ocr' is already registered to .*OcrScorer"):
+
+        @register_scorer("ocr")
+        class Other(Scorer):
+            async def score(self, batch):
+                return []
+
+    with pytest.raises(TypeError, match="cannot register .* as scorer 'not_a_scorer': wrong type"):
+        register_scorer("not_a_scorer")(object)
+    assert "not_a_scorer" not in SCORERS
+
+
+def test_reregistering_the_same_class_is_a_no_op():
+    cls = get_scorer_cls("jpeg_compressibility")
+    assert register_scorer("jpeg_compressibility")(cls) is cls

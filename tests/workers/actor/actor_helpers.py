@@ -1,0 +1,40 @@
+"""Builders shared by the actor tests (CPU and GPU)."""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+
+def build_actor(model_path, lora_init=True, engine_kwargs=None, **actor_kwargs):
+    """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=4, AdamW lr 1e-2)."""
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
+    from verl.workers.engine.base import EngineRegistry
+
+    from verl_omni.workers.actor.diffusion_actor import DiffusionActor
+    from verl_omni.workers.config.actor import DiffusionActorConfig
+    from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
+
+    model = DiffusionModelConfig(
+        path=str(model_path), lora=DiffusionLoraConfig(rank=4, alpha=8, init_lora_weights=lora_init)
+    )
+    optim = FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, total_training_steps=10)
+    engine = EngineRegistry.new(
+        "diffusion_model",
+        "fsdp2",
+        model,
+        FSDPEngineConfig(strategy="fsdp2", seed=1, **(engine_kwargs or {})),
+        optim,
+        CheckpointConfig(),
+    )
+    engine.initialize()
+    return DiffusionActor(engine, DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs))
+
+
+def batch_of(rec: dict, advantages: torch.Tensor) -> TensorDict:
+    """The recorded batch as the actor takes it, with the given advantages."""
+    keys = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
+    keys += ("negative_prompt_embeds", "negative_prompt_embeds_mask")
+    fields = {k: rec[k] for k in keys} | {"advantages": advantages}
+    return TensorDict(fields, batch_size=[advantages.shape[0]])

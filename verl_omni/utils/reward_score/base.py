@@ -1,0 +1,124 @@
+"""What every reward scorer shares: the input batch contract, the error type, the base class.
+
+Contract: a scorer receives a :class:`ScoreBatch` (uint8 images ``[B, 3, H, W]``, ``B`` prompts,
+optional per-sample target text) and returns ``B`` finite floats. An operational failure (a server
+that stays down, a timeout after the retries) is raised as :class:`ScorerError`, which the
+multi-reward combiner applies its required/optional policy to; any other exception is a bug and
+propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from verl.base_config import BaseConfig
+
+logger = logging.getLogger(__name__)
+
+
+class ScorerError(RuntimeError):
+    """A scorer could not produce scores (after its own retries); carries the cause as ``__cause__``."""
+
+
+@dataclass
+class ScoreBatch:
+    """Images to score with their prompts and optional target texts.
+
+    Args:
+        images (torch.Tensor): uint8 ``[B, 3, H, W]``, values 0..255, on CPU.
+        prompts (list[str]): ``B`` generation prompts.
+        targets (list[str | None] | None): optional ground-truth text per sample (e.g. the OCR target).
+    """
+
+    images: torch.Tensor
+    prompts: list[str]
+    targets: list[str | None] | None = None
+
+    def __post_init__(self):
+        images = self.images
+        if not isinstance(images, torch.Tensor):
+            raise TypeError(f"images must be a torch.Tensor of uint8 [B, 3, H, W], got {type(images).__name__}")
+        if images.dtype != torch.uint8:
+            raise ValueError(f"images must be uint8 [B, 3, H, W] in 0..255, got dtype {images.dtype}")
+        if images.ndim != 4 or images.shape[1] != 3 or images.shape[2] == 0 or images.shape[3] == 0:
+            raise ValueError(f"images must have shape [B, 3, H, W], got {tuple(images.shape)}")
+        if len(self.prompts) != images.shape[0] or not all(isinstance(p, str) for p in self.prompts):
+            raise ValueError(f"prompts must be {images.shape[0]} strings (one per image), got {self.prompts!r}")
+        if self.targets is not None and len(self.targets) != images.shape[0]:
+            raise ValueError(f"targets must have one entry per image ({images.shape[0]}), got {len(self.targets)}")
+
+    def __len__(self) -> int:
+        return self.images.shape[0]
+
+    def select(self, index: int) -> ScoreBatch:
+        """The one-sample batch at ``index`` (for scorers that work per sample)."""
+        targets = None if self.targets is None else [self.targets[index]]
+        return ScoreBatch(self.images[index : index + 1], [self.prompts[index]], targets)
+
+
+@dataclass
+class NoParams(BaseConfig):
+    """A scorer without parameters."""
+
+
+class Scorer(ABC):
+    """Base class of reward scorers; subclasses register with ``@register_scorer(name)``.
+
+    Class attributes:
+        params_cls: dataclass of the scorer's ``params`` (validated in its ``__post_init__``).
+        per_sample: the combiner calls the scorer once per sample, so that a failure excludes only
+            that sample (request-per-image scorers such as ``ocr``).
+    """
+
+    params_cls: ClassVar[type[BaseConfig]] = NoParams
+    per_sample: ClassVar[bool] = False
+
+    def __init__(self, params: BaseConfig | None = None):
+        self.params = params if params is not None else self.params_cls()
+
+    @abstractmethod
+    async def score(self, batch: ScoreBatch) -> list[float]:
+        """Return one finite float per sample of ``batch``; raise :class:`ScorerError` on failure."""
+
+
+class ThreadedScorer(Scorer):
+    """A CPU/GPU-bound scorer: ``score_sync`` runs in a thread so the event loop keeps serving."""
+
+    async def score(self, batch: ScoreBatch) -> list[float]:
+        return await asyncio.to_thread(self.score_sync, batch)
+
+    @abstractmethod
+    def score_sync(self, batch: ScoreBatch) -> list[float]:
+        """Blocking scoring of ``batch``."""
+
+
+def build_params(params_cls: type[BaseConfig], params: dict[str, Any] | None, key: str) -> BaseConfig:
+    """Build ``params_cls(**params)``; errors name the dotted config ``key`` of the bad entry."""
+    params = dict(params or {})
+    names = set(params_cls.__dataclass_fields__) - {"_target_"}
+    unknown = sorted(set(params) - names)
+    if unknown:
+        raise ValueError(f"{key}: unknown parameter(s) {unknown}; {params_cls.__name__} accepts {sorted(names)}")
+    try:
+        return params_cls(**params)
+    except ValueError as e:
+        raise ValueError(f"{key}.{e}") from e
+
+
+def check_scores(scores: list[float], batch_size: int, scorer: str) -> list[float]:
+    """Check that a scorer returned ``batch_size`` finite numbers; errors name the scorer and sample."""
+    if len(scores) != batch_size:
+        raise ValueError(f"scorer {scorer!r} returned {len(scores)} scores for {batch_size} images")
+    out = []
+    for i, value in enumerate(scores):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"scorer {scorer!r} returned a non-finite score {value} for sample {i}")
+        out.append(value)
+    return out

@@ -1,0 +1,58 @@
+"""Config of the Flow-GRPO actor update (the ``actor_rollout_ref.actor`` node, diffusion fields).
+
+Engine and optimizer settings reuse verl's ``FSDPEngineConfig`` and ``FSDPOptimizerConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl.base_config import BaseConfig
+
+
+@dataclass
+class DiffusionActorConfig(BaseConfig):
+    """Mini-batching and loss of the Flow-GRPO update.
+
+    Args:
+        ppo_mini_batch_size (int): samples per optimizer step, over all data-parallel ranks.
+        ppo_micro_batch_size_per_gpu (int): samples per forward/backward on one rank; gradients
+            accumulate over micro-batches × replayed steps up to a mini-batch.
+        ppo_epochs (int): passes over the batch per update.
+        shuffle (bool): shuffle samples between epochs (seeded by ``seed`` and the epoch).
+        policy_loss (str): name in the policy-loss registry (``flow_grpo``).
+        clip_ratio (float): ε of the ratio clip (1e-4 with ``sde`` in Flow-GRPO).
+        kl_beta (float): β of the KL to the reference (LoRA disabled); 0 skips the reference.
+        seed (int): shuffling seed.
+    """
+
+    ppo_mini_batch_size: int = 8
+    ppo_micro_batch_size_per_gpu: int = 1
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    policy_loss: str = "flow_grpo"
+    clip_ratio: float = 1e-4
+    kl_beta: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+        if not self.clip_ratio > 0:
+            raise ValueError(f"actor.clip_ratio must be > 0, got {self.clip_ratio}")
+        if self.kl_beta < 0:
+            raise ValueError(f"actor.kl_beta must be >= 0, got {self.kl_beta}")
+
+    def validate(self, dp_size: int) -> None:
+        """Checks that need the data-parallel size."""
+        if self.ppo_mini_batch_size % dp_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size={self.ppo_mini_batch_size} must divide by the data-parallel size {dp_size}"
+            )
+        per_rank = self.ppo_mini_batch_size // dp_size
+        if per_rank % self.ppo_micro_batch_size_per_gpu:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size / dp = {per_rank} must divide by "
+                f"actor.ppo_micro_batch_size_per_gpu={self.ppo_micro_batch_size_per_gpu}"
+            )

@@ -1,0 +1,92 @@
+"""Config of the trained diffusion model and its LoRA (the ``actor_rollout_ref.model`` node).
+
+It stands where verl's ``HFModelConfig`` stands for a language model; ``HFModelConfig`` cannot
+be used because it loads a transformers ``AutoConfig`` and a tokenizer from ``path``, which a
+diffusers pipeline directory does not have at its root. The field names verl's ``FSDPEngine``
+reads (``use_remove_padding``, ``lora_rank``, ``lora.merge``, gradient checkpointing, activation
+offload) keep their verl meaning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verl.base_config import BaseConfig
+
+LORA_INITS = (True, False, "gaussian")
+
+
+@dataclass
+class DiffusionLoraConfig(BaseConfig):
+    """LoRA on the diffusion transformer (``model.lora``).
+
+    Args:
+        rank (int): LoRA rank r; 0 trains the full transformer (then no KL reference is available).
+        alpha (int): LoRA alpha; the update is scaled by alpha / r.
+        target_modules (list[str] | None): module names to adapt; None takes the adapter's
+            ``lora_target_modules`` (the architecture's usual choice).
+        init_lora_weights (bool | str): peft init; True (B = 0, the policy starts as the base model),
+            ``"gaussian"``, or False (random B, for tests only).
+        dropout (float): LoRA dropout; Flow-GRPO uses 0 so that replay is deterministic.
+        merge (bool): export merged weights instead of LoRA tensors to the rollout (verl's ``lora.merge``).
+    """
+
+    rank: int = 32
+    alpha: int = 64
+    target_modules: list[str] | None = None
+    init_lora_weights: Any = True
+    dropout: float = 0.0
+    merge: bool = False
+
+    def __post_init__(self):
+        if self.rank < 0:
+            raise ValueError(f"model.lora.rank must be >= 0, got {self.rank}")
+        if self.rank > 0 and self.alpha <= 0:
+            raise ValueError(f"model.lora.alpha must be > 0, got {self.alpha}")
+        if self.init_lora_weights not in LORA_INITS:
+            raise ValueError(
+                f"model.lora.init_lora_weights must be one of {LORA_INITS}, got {self.init_lora_weights!r}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DiffusionModelConfig(BaseConfig):
+    """The diffusion model to train (``actor_rollout_ref.model``).
+
+    Args:
+        path (str): local diffusers pipeline directory (``model_index.json`` at its root).
+        model_type (str): engine registry key; ``"diffusion_model"`` selects ``DiffusersFSDPEngine``.
+        lora (DiffusionLoraConfig): LoRA settings.
+        enable_gradient_checkpointing (bool): recompute each transformer block in backward.
+        enable_activation_offload (bool): offload checkpointed activations to host (verl's helper).
+        use_remove_padding (bool): always False: images have no padding to remove (read by verl).
+    """
+
+    # verl's TrainingWorker writes the model type it was built for into the model config
+    _mutable_fields = BaseConfig._mutable_fields | {"model_type"}
+
+    path: str = ""
+    model_type: str = "diffusion_model"
+    lora: DiffusionLoraConfig = field(default_factory=DiffusionLoraConfig)
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    use_remove_padding: bool = False
+
+    def __post_init__(self):
+        if not self.path:
+            raise ValueError("model.path is required: a diffusers pipeline directory")
+        if not (Path(self.path) / "model_index.json").is_file():
+            raise ValueError(f"model.path={self.path} has no model_index.json: point it at a diffusers directory")
+        if self.use_remove_padding:
+            raise ValueError("model.use_remove_padding must be False for diffusion models")
+        if isinstance(self.lora, dict):
+            raise TypeError("model.lora must be a DiffusionLoraConfig (convert YAML with omega_conf_to_dataclass)")
+
+    @property
+    def lora_rank(self) -> int:
+        """verl's name for the LoRA rank (``FSDPEngine`` reads it)."""
+        return self.lora.rank

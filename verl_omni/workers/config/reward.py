@@ -1,0 +1,133 @@
+"""Config of the diffusion reward loop: the YAML node ``reward.diffusion``.
+
+It sits beside verl's own ``reward`` keys (``reward.reward_manager.name`` must be ``diffusion``).
+Every error names the full dotted key, e.g. ``reward.diffusion.scorers[1].params.timeout_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from verl.base_config import BaseConfig
+
+logger = logging.getLogger(__name__)
+
+CONFIG_KEY = "reward.diffusion"
+
+
+@dataclass
+class ScorerConfig(BaseConfig):
+    """One term of the multi-reward.
+
+    Args:
+        type (str): registered scorer name, e.g. ``ocr``, ``pickscore``, ``jpeg_compressibility``.
+        name (str | None): label used in metrics and extra info; defaults to ``type``. Unique.
+        weight (float): weight in the per-sample weighted mean, > 0. Default 1.0.
+        required (bool): if True a failure of this scorer raises; if False it is logged and the
+            scorer is left out of the weighted mean of the affected samples. Default True.
+        params (dict): scorer parameters, checked by the scorer's own params dataclass.
+    """
+
+    type: str = ""
+    name: str | None = None
+    weight: float = 1.0
+    required: bool = True
+    params: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.type
+
+    def validate(self, key: str) -> None:
+        """Check this entry, found at dotted config ``key``, against the scorer registry."""
+        from verl_omni.utils.reward_score import build_params, get_scorer_cls
+
+        if not isinstance(self.weight, int | float) or not math.isfinite(self.weight) or self.weight <= 0:
+            raise ValueError(f"{key}.weight must be a finite number > 0, got {self.weight!r}")
+        if self.label == "mean":
+            raise ValueError(f"{key}.name 'mean' is reserved for the combined reward metric")
+        try:
+            scorer_cls = get_scorer_cls(self.type)
+        except ValueError as e:
+            raise ValueError(f"{key}.type: {e}") from None
+        build_params(scorer_cls.params_cls, self.params, f"{key}.params")
+
+
+@dataclass
+class DiffusionRewardConfig(BaseConfig):
+    """Reward loop for generated images (``reward.diffusion``).
+
+    Args:
+        scorers (list[ScorerConfig]): the weighted scorers, at least one.
+        num_workers (int): reward loop workers (Ray actors). Default 1.
+        async_reward (bool): score each sample as soon as the rollout finishes it (the agent loop
+            calls the workers), overlapping rollout; False scores the batch after rollout. Default False.
+        num_cpus_per_worker (float): Ray CPUs reserved per worker. Default 1.
+        num_gpus_per_worker (float): Ray GPUs reserved per worker (dedicated resources for
+            model-based scorers), 0 for none. Default 0.
+        image_key (str): ``DataProto.batch`` key of the uint8 ``[B, 3, H, W]`` images. Default ``responses``.
+        prompt_key (str): ``non_tensor_batch`` key of the prompt (text or chat messages). Default ``raw_prompt``.
+        ground_truth_key (str): ``non_tensor_batch`` key of the optional target text (a string or a
+            dict with ``ground_truth``). Default ``reward_model``.
+    """
+
+    scorers: list = field(default_factory=list)
+    num_workers: int = 1
+    async_reward: bool = False
+    num_cpus_per_worker: float = 1.0
+    num_gpus_per_worker: float = 0.0
+    image_key: str = "responses"
+    prompt_key: str = "raw_prompt"
+    ground_truth_key: str = "reward_model"
+
+    def __post_init__(self):
+        if not self.scorers:
+            raise ValueError(f"{CONFIG_KEY}.scorers must list at least one scorer")
+        scorers = [self._as_scorer_config(s, i) for i, s in enumerate(self.scorers)]
+        object.__setattr__(self, "scorers", scorers)
+        seen: set[str] = set()
+        for i, scorer in enumerate(scorers):
+            scorer.validate(f"{CONFIG_KEY}.scorers[{i}]")
+            if scorer.label in seen:
+                raise ValueError(f"{CONFIG_KEY}.scorers[{i}].name {scorer.label!r} is used twice; names must be unique")
+            seen.add(scorer.label)
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ValueError(f"{CONFIG_KEY}.num_workers must be an integer >= 1, got {self.num_workers!r}")
+        for name in ("num_cpus_per_worker", "num_gpus_per_worker"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{CONFIG_KEY}.{name} must be >= 0, got {getattr(self, name)!r}")
+
+    @staticmethod
+    def _as_scorer_config(entry: Any, index: int) -> ScorerConfig:
+        if isinstance(entry, ScorerConfig):
+            return entry
+        key = f"{CONFIG_KEY}.scorers[{index}]"
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"{key} must be a mapping with type/name/weight/required/params, got {entry!r}")
+        entry = {k: v for k, v in entry.items() if k != "_target_"}
+        allowed = {f.name for f in fields(ScorerConfig)} - {"_target_"}
+        unknown = sorted(set(entry) - allowed)
+        if unknown:
+            raise ValueError(f"{key}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+        return ScorerConfig(**entry)
+
+    @classmethod
+    def from_config(cls, node: Any) -> DiffusionRewardConfig:
+        """Build from the ``reward.diffusion`` node (DictConfig, dict or an instance)."""
+        if isinstance(node, cls):
+            return node
+        if node is None:
+            raise ValueError(f"{CONFIG_KEY} is missing: configure the reward scorers there")
+        from omegaconf import DictConfig, OmegaConf
+
+        data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
+        data.pop("_target_", None)
+        allowed = {f.name for f in fields(cls)} - {"_target_"}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ValueError(f"{CONFIG_KEY}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+        return cls(**data)

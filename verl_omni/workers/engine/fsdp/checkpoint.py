@@ -1,0 +1,142 @@
+"""Checkpoints of ``DiffusersFSDPEngine``: a LoRA any diffusers user can load, plus exact-resume state.
+
+Layout of ``<local_path>/``:
+
+* ``lora/pytorch_lora_weights.safetensors``: full LoRA tensors written by the pipeline's
+  ``save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the peft config as
+  metadata so rank and alpha survive), loadable with ``QwenImagePipeline.load_lora_weights``;
+* ``engine_state_rank{r}_of{w}.pt``: rank r's optimizer state (its FSDP shards), LR schedule,
+  RNG states and the global step. Resuming needs the same world size.
+
+The LoRA file is also what a resume loads back into the sharded model, so there is one copy of
+the weights on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+logger = logging.getLogger(__name__)
+
+LORA_DIR = "lora"
+LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+TRANSFORMER_PREFIX = "transformer."
+ADAPTER_NAME = "default"
+
+
+def engine_state_name(rank: int, world_size: int) -> str:
+    return f"engine_state_rank{rank}_of{world_size}.pt"
+
+
+def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded LoRA tensors on CPU, in peft's adapter-free naming. Collective over the FSDP mesh."""
+    from peft.utils import get_peft_model_state_dict
+
+    sharded = get_peft_model_state_dict(module, adapter_name=ADAPTER_NAME)
+    if not sharded:
+        raise RuntimeError("the model has no LoRA tensors to gather (model.lora.rank = 0?)")
+    full = {}
+    for name in sorted(sharded):
+        tensor = sharded[name]
+        tensor = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+        full[name] = tensor.detach().to("cpu").clone()
+    return full
+
+
+def _pipeline_class(adapter):
+    import diffusers
+
+    return getattr(diffusers, adapter.pipeline_class_name)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(engine, local_path: str | Path, global_step: int) -> None:
+    """Write the checkpoint of ``engine`` (a ``DiffusersFSDPEngine``); every rank must call it."""
+    path = Path(local_path)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    lora = gather_lora_state_dict(engine.module)
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        metadata = engine.module.peft_config[ADAPTER_NAME].to_dict()
+        metadata["target_modules"] = sorted(metadata["target_modules"])
+        _pipeline_class(engine.adapter).save_lora_weights(
+            path / LORA_DIR,
+            transformer_lora_layers=lora,
+            weight_name=LORA_WEIGHT_NAME,
+            safe_serialization=True,
+            transformer_lora_adapter_metadata=metadata,
+        )
+    dist.barrier()
+    state = {
+        "global_step": global_step,
+        "optimizer": engine.optimizer.state_dict(),
+        "lr_scheduler": engine.lr_scheduler.state_dict(),
+        "rng": _rng_state(),
+    }
+    torch.save(state, path / engine_state_name(rank, world))
+    dist.barrier()
+    logger.info("checkpoint of step %d written to %s", global_step, path)
+
+
+def _to_module_names(lora_file: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``transformer.<m>.lora_A.weight`` → ``<m>.lora_A.default.weight`` (the injected parameter's name)."""
+    out = {}
+    for key, tensor in lora_file.items():
+        if not key.startswith(TRANSFORMER_PREFIX):
+            raise ValueError(f"LoRA file key {key!r} does not start with {TRANSFORMER_PREFIX!r}")
+        name = re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", key[len(TRANSFORMER_PREFIX) :])
+        out[name] = tensor
+    return out
+
+
+def load_lora_into(module: torch.nn.Module, lora_path: str | Path) -> None:
+    """Load a saved LoRA file into the (sharded) module; every LoRA parameter must be covered."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    state = _to_module_names(load_file(str(Path(lora_path) / LORA_WEIGHT_NAME)))
+    expected = {n for n, _ in module.named_parameters() if "lora_" in n}
+    if set(state) != expected:
+        raise ValueError(
+            f"LoRA file {lora_path} does not match the model: missing {sorted(expected - set(state))[:4]}, "
+            f"unexpected {sorted(set(state) - expected)[:4]} (different model.lora.target_modules?)"
+        )
+    set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def load(engine, local_path: str | Path) -> int:
+    """Restore a checkpoint written by :func:`save` into ``engine``; returns its global step."""
+    path = Path(local_path)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    state_file = path / engine_state_name(rank, world)
+    if not state_file.is_file():
+        raise FileNotFoundError(f"{state_file} not found: the checkpoint was written with another world size?")
+    load_lora_into(engine.module, path / LORA_DIR)
+    state = torch.load(state_file, weights_only=False)
+    engine.optimizer.load_state_dict(state["optimizer"])
+    engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    _set_rng_state(state["rng"])
+    dist.barrier()
+    return state["global_step"]

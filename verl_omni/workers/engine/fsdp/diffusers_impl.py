@@ -1,0 +1,276 @@
+"""``DiffusersFSDPEngine``: a diffusers transformer with peft LoRA under FSDP2, replaying recorded steps.
+
+It subclasses verl's ``FSDPEngine`` because most of that machinery fits a diffusion transformer
+unchanged: the device mesh, ``_build_model_optimizer`` (module → LoRA → FSDP → optimizer → LR
+schedule), verl's warmup schedules, ``optimizer_step`` (FSDP2 grad-norm clip, skip on non-finite
+norm), deferred gradient sync over accumulation steps, offload, train/eval contexts and
+``train_batch``. It overrides what is language-model specific:
+
+* ``_build_module`` / ``_build_lora_module``: the transformer comes from the architecture's
+  training adapter (found from ``model_index.json``), LoRA is injected with diffusers'
+  ``add_adapter`` (the model stays a diffusers model; no ``PeftModelForCausalLM``);
+* ``_build_fsdp_module``: FSDP2 ``fully_shard`` on the adapter's ``fsdp_wrap_blocks`` then the
+  root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
+* ``forward_backward_batch``: micro-batches × recorded steps, one backward per (micro-batch,
+  step) so that only one step's activations are alive, each weighted so the accumulated
+  gradient is that of the mean loss over all (sample, step) pairs of the mini-batch;
+* checkpoints (LoRA in diffusers' ``load_lora_weights`` format + per-rank optimizer, LR
+  schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+
+import torch
+from tensordict import TensorDict
+from verl.utils.device import get_device_id, get_device_name
+from verl.utils.fsdp_utils import MixedPrecisionPolicy, apply_fsdp2
+from verl.workers.engine.base import EngineRegistry
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+
+from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.workers.engine.fsdp import checkpoint
+from verl_omni.workers.utils.replay import (
+    ReplaySpec,
+    check_replay_batch,
+    num_replay_steps,
+    prepare_scheduler,
+    replay_step,
+)
+
+logger = logging.getLogger(__name__)
+
+REPLAY_SPEC_KEY = "replay_spec"
+MICRO_BATCH_KEY = "micro_batch_size_per_gpu"
+
+
+def _dtype(name: str, key: str) -> torch.dtype:
+    """verl's precision names (fp32, bf16, fp16, ...) to a dtype, naming the config key on a miss."""
+    from verl.utils.torch_dtypes import PrecisionType
+
+    try:
+        return PrecisionType.to_dtype(name)
+    except RuntimeError as error:
+        raise ValueError(f"{key}={name!r} is not a precision verl knows (fp32, bf16, fp16)") from error
+
+
+@EngineRegistry.register(model_type="diffusion_model", backend="fsdp2", device=["cuda", "cpu"])
+class DiffusersFSDPEngine(FSDPEngine):
+    """verl training engine for a diffusers transformer trained with LoRA on recorded SDE transitions."""
+
+    def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
+        if engine_config.strategy != "fsdp2":
+            raise ValueError(f"engine.strategy={engine_config.strategy!r}: DiffusersFSDPEngine supports 'fsdp2' only")
+        if engine_config.ulysses_sequence_parallel_size != 1:
+            raise ValueError("engine.ulysses_sequence_parallel_size must be 1 for diffusion models")
+        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
+        self.adapter = get_training_adapter(model_config.path)
+        self.vae_scale_factor = self.adapter.vae_scale_factor(model_config.path)
+        self.scheduler = None
+
+    # ---- building -------------------------------------------------------------------------
+
+    def initialize(self):
+        """Build the sharded model, optimizer and LR schedule, and the rollout's scheduler."""
+        from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
+
+        self._build_model_optimizer()
+        self.scheduler = FlowMatchSDEDiscreteScheduler.from_pretrained(self.model_config.path, subfolder="scheduler")
+        self.to(device="cpu", model=self._is_offload_param, optimizer=self._is_offload_optimizer, grad=False)
+
+    def _build_module(self):
+        dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
+        module = self.adapter.load_transformer(self.model_config.path, dtype=dtype)
+        if self.model_config.enable_gradient_checkpointing:
+            module.enable_gradient_checkpointing()
+        if not self._is_lora:
+            module.requires_grad_(True)
+        return module
+
+    def _build_lora_module(self, module):
+        from peft import LoraConfig
+
+        lora = self.model_config.lora
+        targets = list(lora.target_modules or self.adapter.lora_target_modules)
+        # the same seed on every rank: every rank must hold the same initial adapter before sharding
+        torch.manual_seed(self.engine_config.seed)
+        module.requires_grad_(False)
+        module.add_adapter(
+            LoraConfig(
+                r=lora.rank,
+                lora_alpha=lora.alpha,
+                target_modules=targets,
+                init_lora_weights=lora.init_lora_weights,
+                lora_dropout=lora.dropout,
+            )
+        )
+        trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+        if not trainable or any("lora_" not in n for n in trainable):
+            raise RuntimeError(
+                f"LoRA on targets {targets} made {len(trainable)} trainable tensors (expected lora_A/lora_B only): "
+                "check model.lora.target_modules against the transformer's module names"
+            )
+        logger.info("LoRA r=%d alpha=%d on %d tensors (%s)", lora.rank, lora.alpha, len(trainable), targets)
+        return module
+
+    def _mixed_precision(self) -> tuple[torch.dtype, torch.dtype]:
+        """(param, reduce) dtypes: from ``engine.mixed_precision``, else bf16/fp32 on an accelerator, fp32 on CPU."""
+        config = self.engine_config.mixed_precision
+        if config is not None:
+            return (
+                _dtype(config.get("param_dtype", "bf16"), "engine.mixed_precision.param_dtype"),
+                _dtype(config.get("reduce_dtype", "fp32"), "engine.mixed_precision.reduce_dtype"),
+            )
+        compute = torch.float32 if get_device_name() == "cpu" else torch.bfloat16
+        return compute, torch.float32
+
+    def _build_fsdp_module(self, module):
+        param_dtype, reduce_dtype = self._mixed_precision()
+        self._autocast_dtype, self.scaler = param_dtype, None
+        fsdp_kwargs = {
+            "mesh": self.device_mesh,
+            "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+            "reshard_after_forward": self.engine_config.reshard_after_forward,
+        }
+        wrap = {
+            "wrap_policy": {"transformer_layer_cls_to_wrap": list(self.adapter.fsdp_wrap_blocks)},
+            "forward_prefetch": self.engine_config.forward_prefetch,
+        }
+        apply_fsdp2(module, fsdp_kwargs, wrap)
+        if self.model_config.enable_activation_offload:
+            from verl.utils.activation_offload import enable_activation_offloading
+
+            enable_activation_offloading(module, "fsdp2", self.model_config.enable_gradient_checkpointing)
+        return module
+
+    def _build_optimizer(self, module):
+        from verl.workers.config.optimizer import build_optimizer
+
+        return build_optimizer([p for p in module.parameters() if p.requires_grad], self.optimizer_config)
+
+    def _build_lr_scheduler(self, optimizer):
+        """verl's schedules, except that constant warmup starts at lr/warmup instead of 0.
+
+        verl's constant warmup gives lr = 0 on the first step, which would make the first
+        Flow-GRPO update (one optimizer step per mini-batch) a no-op.
+        """
+        config = self.optimizer_config
+        if config.lr_scheduler_type != "constant":
+            return super()._build_lr_scheduler(optimizer)
+        warmup = config.lr_warmup_steps
+        if warmup is None or warmup <= 0:
+            warmup = int(config.lr_warmup_steps_ratio * max(config.total_training_steps, 0))
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup)))
+
+    # ---- replay ---------------------------------------------------------------------------
+
+    def replay(self, micro_batch: TensorDict, step: int, spec: ReplaySpec):
+        """log π_θ, μ_θ, s of recorded step ``step`` for one micro-batch (see :func:`replay_step`)."""
+        return replay_step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
+
+    def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only=False) -> dict:
+        """Replay every recorded step of ``data`` in micro-batches; backward per (micro-batch, step) when training.
+
+        ``loss_function(replayed, micro_batch, step) -> (loss, metrics)``. The loss of a
+        micro-batch of b samples at one step is weighted b / (B·W), so the accumulated gradient is
+        that of the mean over the B local samples × W steps (FSDP then averages over ranks).
+
+        Returns:
+            ``{"log_probs": [B, W], "prev_sample_mean": [B, W, N, C] (forward only), "metrics": {name: [values]}}``.
+        """
+        spec = data.get_non_tensor(REPLAY_SPEC_KEY)
+        if not isinstance(spec, ReplaySpec):
+            raise KeyError(f"data must carry a ReplaySpec under non-tensor key {REPLAY_SPEC_KEY!r}")
+        check_replay_batch(data, spec)
+        prepare_scheduler(self.adapter, self.scheduler, spec, data["all_latents"].shape[2])
+        size, steps = data.batch_size[0], num_replay_steps(data)
+        micro_batches = data.split(self._micro_batch_size(data))
+        outputs, metrics = [], {}
+        for i, micro_batch in enumerate(micro_batches):
+            weight = micro_batch.batch_size[0] / (size * steps)
+            is_last = i == len(micro_batches) - 1
+            outputs.append(
+                self._replay_micro_batch(micro_batch, spec, loss_function, forward_only, weight, is_last, metrics)
+            )
+        output = {"log_probs": torch.cat([o[0] for o in outputs]).cpu(), "metrics": metrics}
+        if forward_only:
+            output["prev_sample_mean"] = torch.cat([o[1] for o in outputs]).cpu()
+        return output
+
+    def _replay_micro_batch(self, micro_batch, spec, loss_function, forward_only, weight, is_last, metrics):
+        """All W steps of one micro-batch: ``(log_probs [b, W], means [b, W, N, C] or None)``; backward per step."""
+        micro_batch = micro_batch.to(get_device_id())
+        steps = num_replay_steps(micro_batch)
+        log_probs, means = [], []
+        for step in range(steps):
+            last = is_last and step == steps - 1
+            sync = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
+            with torch.no_grad() if forward_only else nullcontext(), sync:
+                out = self.replay(micro_batch, step, spec)
+                if loss_function is not None:
+                    loss, step_metrics = loss_function(out, micro_batch, step)
+                    if not forward_only:
+                        (loss * weight).backward()
+                    for key, value in step_metrics.items():
+                        metrics.setdefault(key, []).append(value)
+            log_probs.append(out.log_prob.detach())
+            if forward_only:
+                means.append(out.prev_sample_mean.detach())
+        return torch.stack(log_probs, dim=1), torch.stack(means, dim=1) if forward_only else None
+
+    def _micro_batch_size(self, data: TensorDict) -> int:
+        """Samples per forward: the batch's ``micro_batch_size_per_gpu`` (set by the actor), else the engine's."""
+        size = data.get_non_tensor(MICRO_BATCH_KEY, default=None) or self.engine_config.micro_batch_size_per_gpu
+        if not size or size < 1:
+            raise ValueError(f"set actor.ppo_micro_batch_size_per_gpu (or engine.{MICRO_BATCH_KEY}) >= 1, got {size}")
+        return int(size)
+
+    # ---- reference, export, checkpoints ---------------------------------------------------
+
+    @contextmanager
+    def disable_adapter(self):
+        """The reference policy: the same weights with the LoRA switched off."""
+        if not self._is_lora:
+            raise RuntimeError("the reference policy needs LoRA (model.lora.rank > 0): there is no base copy")
+        self.module.disable_adapters()
+        try:
+            yield
+        finally:
+            self.module.enable_adapters()
+
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) LoRA tensors on CPU, named as diffusers' ``get_peft_model_state_dict`` names them.
+
+        A collective: every rank must call it.
+        """
+        return checkpoint.gather_lora_state_dict(self.module)
+
+    def get_per_tensor_param(self, **kwargs):
+        """LoRA tensors for the rollout, in peft's checkpoint naming, and the peft config (verl's contract).
+
+        Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` relative to the
+        transformer, as vLLM's LoRA loader parses peft checkpoints; the rollout side fuses the
+        q/k/v sub-layers itself (vLLM-Omni's ``packed_modules_mapping``). With ``model.lora.merge``
+        or without LoRA, full weights would be needed: not implemented yet.
+        """
+        if not self._is_lora or self.model_config.lora.merge:
+            raise NotImplementedError("weight export supports unmerged LoRA only (model.lora.rank > 0, merge=False)")
+        tensors = self.lora_state_dict()
+        config = self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
+        config["target_modules"] = sorted(config["target_modules"])
+        return ((f"base_model.model.{name}", tensor) for name, tensor in tensors.items()), config
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+        """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state."""
+        if hdfs_path is not None:
+            raise NotImplementedError("hdfs_path is not supported by DiffusersFSDPEngine checkpoints")
+        if not self._is_lora:
+            raise NotImplementedError("checkpoints of full fine-tuning (model.lora.rank=0) are not implemented")
+        checkpoint.save(self, local_path, global_step)
+
+    def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False, **kwargs):
+        """Restore what :meth:`save_checkpoint` wrote; the world size must be the same."""
+        checkpoint.load(self, local_path)

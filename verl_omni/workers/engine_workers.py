@@ -1,0 +1,87 @@
+"""``DiffusionActorWorker``: the single-controller worker of the Flow-GRPO actor (and its reference).
+
+It subclasses verl's ``TrainingWorker``, which already builds the engine from the registry
+(``model_type="diffusion_model"`` → ``DiffusersFSDPEngine``), sets up profiling and dispatch and
+forwards save/load checkpoint and offload to the engine. On top it exposes the actor's phases
+as DataProto methods split over the data-parallel ranks (``DP_COMPUTE_PROTO``):
+``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ, LoRA disabled),
+``update_actor``, and ``get_lora_params`` (LoRA tensors for the rollout).
+
+The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
+shares the actor's weights, so one worker covers verl's actor and ref roles.
+
+A ``DataProto`` sent to these methods carries per-sample tensors (``docs/actor.md``, batch
+format) and ``meta_info["replay_spec"]``, a dict of :class:`ReplaySpec` fields.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch.distributed as dist
+from verl import DataProto
+from verl.single_controller.base.decorator import Dispatch, register
+from verl.utils.device import get_device_name
+from verl.workers.engine_workers import TrainingWorker
+
+import verl_omni.workers.engine.fsdp.diffusers_impl  # noqa: F401  (registers DiffusersFSDPEngine)
+from verl_omni.workers.actor.diffusion_actor import DiffusionActor
+from verl_omni.workers.config.actor import DiffusionActorConfig
+from verl_omni.workers.utils.replay import ReplaySpec
+
+logger = logging.getLogger(__name__)
+
+
+def _init_cpu_process_group() -> None:
+    """Plain gloo before verl's own init, which would ask for ``"cpu:gloo,cpu:gloo"`` on CPU (DESIGN.md §6)."""
+    if get_device_name() == "cpu" and not dist.is_initialized():
+        dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def _replay_spec(data: DataProto) -> ReplaySpec:
+    spec = data.meta_info.get("replay_spec")
+    if spec is None:
+        raise KeyError("DataProto.meta_info['replay_spec'] is required: the rollout's sampling settings")
+    return spec if isinstance(spec, ReplaySpec) else ReplaySpec(**spec)
+
+
+class DiffusionActorWorker(TrainingWorker):
+    """Actor + reference of Flow-GRPO on a ``DiffusersFSDPEngine`` (one Ray actor per rank)."""
+
+    def __init__(self, config, actor_config: DiffusionActorConfig):
+        _init_cpu_process_group()
+        super().__init__(config)
+        self.actor_config = actor_config
+        self.actor: DiffusionActor | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        """Build the sharded model, optimizer and schedule on every rank."""
+        self.engine.initialize()
+        self.actor = DiffusionActor(self.engine, self.actor_config)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs`` ``[B, W]`` of the recorded transitions."""
+        log_probs = self.actor.compute_log_prob(data.batch, _replay_spec(data))
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_prev_sample_mean`` ``[B, W, N, C]``: the reference's means, for the KL term."""
+        means = self.actor.compute_ref_prev_sample_mean(data.batch, _replay_spec(data))
+        return DataProto.from_dict(tensors={"ref_prev_sample_mean": means})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """One Flow-GRPO update; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
+        being reduced over ranks in the actor already)."""
+        metrics = self.actor.update_policy(data.batch, _replay_spec(data))
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_lora_params(self) -> tuple[dict, dict]:
+        """``(tensors, peft_config)`` of the current LoRA, full tensors on CPU; every rank returns them."""
+        params, config = self.engine.get_per_tensor_param()
+        return dict(params), config

@@ -1,0 +1,130 @@
+"""Replay of recorded rollout transitions: the trainer's side of the Flow-GRPO log-probability.
+
+The rollout records, per sample, the W+1 latents and W timesteps of its SDE window plus the
+prompt embeddings. Replaying step j means predicting the velocity at (latents_j, t_j) with the
+policy being trained, then evaluating the shared SDE step at the recorded latents_{j+1}: that
+gives log π_θ, μ_θ and s. There is one implementation of this (here) and of the step itself
+(:mod:`verl_omni.pipelines.schedulers.flow_match_sde`); the engine, the one-process sanity step
+and the benchmark all call it, which is what makes their numbers comparable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds
+from verl_omni.pipelines.schedulers.flow_match_sde import SDE_TYPES, SDEStepOutput, sde_step_with_logprob
+
+logger = logging.getLogger(__name__)
+
+# per-sample tensors a replayed batch must carry (DESIGN.md §3, rollout ``extra_fields``)
+REQUIRED_KEYS = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
+NEGATIVE_KEYS = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """How the rollout sampled, which the replay must reproduce exactly.
+
+    Args:
+        num_inference_steps (int): denoising steps of the rollout's schedule.
+        height (int): image height in pixels.
+        width (int): image width in pixels.
+        noise_level (float): SDE noise level a inside the window (> 0).
+        sde_type (str): ``"sde"`` or ``"cps"``.
+        true_cfg_scale (float): true-CFG scale; <= 1 means no CFG (no negative prompt needed).
+    """
+
+    num_inference_steps: int
+    height: int
+    width: int
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+    true_cfg_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.num_inference_steps < 1:
+            raise ValueError(f"replay num_inference_steps must be >= 1, got {self.num_inference_steps}")
+        if self.height < 1 or self.width < 1:
+            raise ValueError(f"replay height/width must be >= 1, got {self.height}x{self.width}")
+        if not self.noise_level > 0:
+            raise ValueError(
+                f"replay noise_level must be > 0 (the recorded steps are stochastic), got {self.noise_level}"
+            )
+        if self.sde_type not in SDE_TYPES:
+            raise ValueError(f"replay sde_type must be one of {SDE_TYPES}, got {self.sde_type!r}")
+
+    @property
+    def uses_cfg(self) -> bool:
+        return self.true_cfg_scale > 1.0
+
+
+def num_replay_steps(batch: Mapping[str, torch.Tensor]) -> int:
+    """W, the number of recorded transitions per sample."""
+    return int(batch["all_timesteps"].shape[1])
+
+
+def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec) -> None:
+    """Fail early, naming the missing or inconsistent field, before any model work."""
+    keys = REQUIRED_KEYS + (NEGATIVE_KEYS if spec.uses_cfg else ())
+    missing = [k for k in keys if k not in batch.keys()]
+    if missing:
+        hint = " (true_cfg_scale > 1 needs the negative prompt embeddings)" if set(missing) & set(NEGATIVE_KEYS) else ""
+        raise KeyError(f"replay batch lacks {missing}{hint}; the rollout must record them")
+    lat, ts = batch["all_latents"], batch["all_timesteps"]
+    if lat.ndim != 4 or ts.ndim != 2 or lat.shape[:2] != (ts.shape[0], ts.shape[1] + 1):
+        raise ValueError(
+            f"all_latents {tuple(lat.shape)} must be [B, W+1, N, C] for all_timesteps {tuple(ts.shape)} [B, W]"
+        )
+
+
+def _embeds(batch: Mapping[str, torch.Tensor], key: str) -> PromptEmbeds:
+    """Embeddings and mask; an all-ones mask becomes None, as diffusers' pipeline passes it (same attention path)."""
+    mask = batch[f"{key}_mask"]
+    return PromptEmbeds(batch[key], None if bool(mask.all()) else mask)
+
+
+def prepare_scheduler(adapter, scheduler, spec: ReplaySpec, image_seq_len: int) -> None:
+    """Set the scheduler to the rollout's schedule for this resolution."""
+    adapter.set_timesteps(scheduler, spec.num_inference_steps, image_seq_len)
+
+
+def replay_step(
+    adapter,
+    transformer,
+    scheduler,
+    batch: Mapping[str, torch.Tensor],
+    step: int,
+    spec: ReplaySpec,
+    vae_scale_factor: int,
+) -> SDEStepOutput:
+    """log π_θ(x_{j+1} | x_j), μ_θ and s of recorded step ``step`` for every sample of ``batch``.
+
+    Args:
+        adapter: training adapter class (``predict_velocity``, ``img_shapes``).
+        transformer: the policy (with or without LoRA, sharded or not).
+        scheduler: a flow-match scheduler already set by :func:`prepare_scheduler`.
+        batch: per-sample tensors, ``all_latents`` ``[B, W+1, N, C]``, ``all_timesteps`` ``[B, W]``,
+            prompt embeddings ``[B, L, D]`` and masks ``[B, L]`` (negative ones under CFG).
+        step: j in ``[0, W)``.
+        spec: the rollout's sampling settings.
+        vae_scale_factor: pixels per latent cell (the adapter reads it from the checkpoint).
+
+    Returns:
+        :class:`SDEStepOutput` in fp32, gradients flowing into the transformer when enabled.
+    """
+    x = batch["all_latents"][:, step]
+    x_next = batch["all_latents"][:, step + 1]
+    t = batch["all_timesteps"][:, step]
+    cells = 2 * vae_scale_factor
+    img_shapes = adapter.img_shapes(x.shape[0], 2 * (spec.height // cells), 2 * (spec.width // cells))
+    prompt = _embeds(batch, "prompt_embeds")
+    negative = _embeds(batch, "negative_prompt_embeds") if spec.uses_cfg else None
+    velocity = adapter.predict_velocity(transformer, x, t, prompt, img_shapes, negative, spec.true_cfg_scale)
+    return sde_step_with_logprob(
+        scheduler, velocity, t, x, spec.noise_level, prev_sample=x_next, sde_type=spec.sde_type
+    )
