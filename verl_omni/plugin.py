@@ -11,6 +11,7 @@ REGISTERING_MODULES = (
     "verl_omni.platforms.verl_cpu",
     "verl_omni.trainer.flowgrpo.core_algos",
     "verl_omni.reward_loop",
+    "verl_omni.workers.rollout.vllm_omni",
 )
 # Not here: ``verl_omni.workers.engine.fsdp.diffusers_impl`` registers ``DiffusersFSDPEngine`` when the
 # actor worker imports it. Importing it costs peft, diffusers and verl's engines (seconds), which

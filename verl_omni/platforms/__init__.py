@@ -1,0 +1,66 @@
+"""CPU platform plugins for vLLM and vLLM-Omni.
+
+vLLM-Omni 0.26 has no CPU platform and vLLM falls back to its ``UnspecifiedPlatform`` on a
+CUDA-build torch without a GPU. These plugins let the real engines run a tiny model on CPU
+(tests, the default local run). They are discovered through entry points (declared in
+``pyproject.toml``), so they also load in the engine's spawned worker processes.
+
+Selection: ``VERL_OMNI_CPU_PLATFORM=1`` forces the CPU platforms, ``=0`` disables them, unset
+(the default) enables them only when no accelerator is detected, so a GPU machine is
+unaffected.
+"""
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+CPU_PLATFORM_ENV = "VERL_OMNI_CPU_PLATFORM"
+
+VLLM_CPU_PLATFORM = "verl_omni.platforms.vllm_cpu.VerlOmniCpuPlatform"
+OMNI_CPU_PLATFORM = "verl_omni.platforms.omni_cpu.VerlOmniCpuOmniPlatform"
+
+# vLLM's own probes for accelerators; "cpu" only fires for a CPU build of vLLM.
+_ACCELERATOR_PROBES = ("cuda", "rocm", "xpu", "tpu")
+
+
+def _accelerator_present() -> bool:
+    """Ask vLLM's built-in platform probes whether any accelerator is visible."""
+    from vllm.platforms import builtin_platform_plugins
+
+    for name in _ACCELERATOR_PROBES:
+        probe = builtin_platform_plugins.get(name)
+        if probe is not None and probe() is not None:
+            return True
+    return False
+
+
+def cpu_platform_enabled() -> bool:
+    """Whether our CPU platforms should be active in this process (see module docstring)."""
+    value = os.environ.get(CPU_PLATFORM_ENV, "").strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    if value:
+        raise ValueError(f"{CPU_PLATFORM_ENV} must be 1, 0 or unset (auto), got {value!r}")
+    return not _accelerator_present()
+
+
+def vllm_platform_plugin() -> str | None:
+    """Entry point of group ``vllm.platform_plugins``: our CPU platform or None."""
+    return VLLM_CPU_PLATFORM if cpu_platform_enabled() else None
+
+
+def omni_platform_plugin() -> str | None:
+    """Entry point of group ``vllm_omni.platform_plugins``: our CPU OmniPlatform or None."""
+    return OMNI_CPU_PLATFORM if cpu_platform_enabled() else None
+
+
+def omni_general_plugin() -> None:
+    """Entry point of group ``vllm_omni.general_plugins``: CPU-only runtime patches."""
+    if not cpu_platform_enabled():
+        return
+    from verl_omni.platforms import cpu_patches
+
+    cpu_patches.apply_all()

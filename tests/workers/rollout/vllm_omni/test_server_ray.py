@@ -1,0 +1,74 @@
+"""``vLLMOmniHttpServer`` as verl runs it: a Ray actor holding the real engine (CPU, tiny model)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+SAMPLING = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_size": 2, "seed": 11}
+
+
+@pytest.fixture(scope="module")
+def server(tiny_qwen_image_path):
+    import ray
+    from verl.workers.config import RolloutConfig
+    from verl.workers.rollout.replica import RolloutMode
+
+    from verl_omni.workers.rollout.vllm_omni.server import vLLMOmniHttpServer
+
+    ray.init(num_cpus=4, include_dashboard=False)
+    actor = (
+        ray.remote(vLLMOmniHttpServer)
+        .options(max_concurrency=8)
+        .remote(
+            config=RolloutConfig(name="vllm_omni", dtype="float32"),
+            model_config=SimpleNamespace(path=str(tiny_qwen_image_path)),
+            rollout_mode=RolloutMode.STANDALONE,
+            workers=[],
+            replica_rank=0,
+            node_rank=0,
+            gpus_per_node=1,
+            nnodes=1,
+            cuda_visible_devices="",
+        )
+    )
+    ray.get(actor.launch_server.remote())
+    yield actor
+    ray.get(actor.shutdown.remote())
+    ray.kill(actor)
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tiny_qwen_image_path):
+    from transformers import Qwen2Tokenizer
+
+    from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
+
+    tokenizer = Qwen2Tokenizer.from_pretrained(tiny_qwen_image_path, subfolder="tokenizer")
+    return prompt_token_ids(tokenizer, "a green bird on a tree")
+
+
+def test_server_generate_and_generate_batched(server, prompt_ids):
+    import ray
+
+    single = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-1"))
+    assert single.diffusion_output.shape == (3, 32, 32) and single.diffusion_output.dtype == torch.uint8
+    assert single.log_probs.shape == (2,) and "negative_prompt_embeds" not in single.extra_fields
+    batch = ray.get(server.generate_batched.remote(prompt_ids, SAMPLING, "srv-3", num_outputs_per_prompt=3))
+    assert len(batch) == 3
+    assert torch.equal(batch[0].diffusion_output, single.diffusion_output)
+    with pytest.raises(ValueError, match="num_outputs_per_prompt"):
+        ray.get(server.generate_batched.remote(prompt_ids, SAMPLING, "srv-0", num_outputs_per_prompt=0))
+
+
+def test_server_sleep_and_wake_up_are_no_ops_on_cpu(server, prompt_ids):
+    import ray
+
+    before = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-before-sleep"))
+    ray.get(server.sleep.remote())
+    ray.get(server.wake_up.remote())
+    after = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-after-wake"))
+    assert torch.equal(before.diffusion_output, after.diffusion_output)

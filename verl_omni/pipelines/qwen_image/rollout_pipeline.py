@@ -1,0 +1,317 @@
+"""vLLM-Omni Qwen-Image pipeline that samples with the Flow-GRPO SDE step and records log-probs.
+
+Plugged into vLLM-Omni through ``custom_pipeline_args`` (``pipeline_class`` =
+``verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline``). It reuses the stock
+pipeline for text encoding, latents, timesteps, CFG (incl. CFG-parallel) and VAE decoding, and
+replaces the scheduler step (:meth:`step_scheduler`) with the shared SDE step. ``forward`` is
+overridden only to take token ids, give every sample its own generator and SDE window, and
+return the trajectory; all requests of an engine batch, each with N samples, share one
+transformer batch.
+
+Per request the output carries, batched over its N samples (see DESIGN.md §3):
+``image`` [N, 3, H, W] in [-1, 1] (the engine's post-process turns it into PIL images) and a
+``trajectory`` payload with ``latents`` [N, W+1, S, C] (packed), ``log_probs`` [N, W],
+``timesteps`` [N, W], ``window_start`` [N], ``prompt_embeds`` [N, L, D], ``prompt_embeds_mask``
+[N, L] and, with CFG, ``negative_prompt_embeds``/``negative_prompt_embeds_mask``. The prompt
+embeddings travel in the trajectory payload because it is the one payload entry vLLM-Omni 0.26
+forwards to the client unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from vllm_omni.diffusion.data import DiffusionOutput
+from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
+from vllm_omni.diffusion.models.qwen_image.rope_utils import txt_seq_lens_from_embeds
+from vllm_omni.diffusion.utils.size_utils import normalize_min_aligned_size
+
+from verl_omni.pipelines.qwen_image.rollout_request import (
+    QWEN_IMAGE_PROMPT_DROP_TOKENS,
+    RolloutRequest,
+    parse_rollout_request,
+)
+from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TRUE_CFG_SCALE = 4.0
+
+
+@dataclass
+class RolloutState:
+    """Denoising state of one transformer batch (all samples of all requests, request-major).
+
+    Args:
+        latents (`torch.Tensor`, ``[B, S, C]``): current packed latents.
+        timesteps (`torch.Tensor`, ``[T]``): the schedule.
+        noise_levels (`list[list[float]]`, ``T x B``): each sample's noise level at each step.
+        generators (`list[torch.Generator]`, length B): one noise source per sample.
+        sde_type (`str`): ``"sde"`` or ``"cps"``.
+    """
+
+    latents: torch.Tensor
+    timesteps: torch.Tensor
+    noise_levels: list[list[float]]
+    generators: list[torch.Generator]
+    sde_type: str
+    step_index: int = 0
+    # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
+    window_latents: list[list[torch.Tensor]] = field(default_factory=list)
+    window_log_probs: list[list[torch.Tensor]] = field(default_factory=list)
+    window_timesteps: list[list[torch.Tensor]] = field(default_factory=list)
+
+    def __post_init__(self):
+        batch = self.latents.shape[0]
+        self.window_latents = [[] for _ in range(batch)]
+        self.window_log_probs = [[] for _ in range(batch)]
+        self.window_timesteps = [[] for _ in range(batch)]
+
+    @property
+    def current_timestep(self) -> torch.Tensor:
+        return self.timesteps[self.step_index]
+
+
+@dataclass
+class Conditioning:
+    """Per-sample text conditioning ``[B, L, D]`` / ``[B, L]``; negatives only with true CFG."""
+
+    embeds: torch.Tensor
+    mask: torch.Tensor
+    negative_embeds: torch.Tensor | None = None
+    negative_mask: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What one transformer batch runs with: shared shape/schedule/CFG, and its requests in order."""
+
+    requests: list[RolloutRequest]
+    height: int
+    width: int
+    num_steps: int
+    cfg_scale: float
+    do_true_cfg: bool
+    sde_type: str
+
+
+class QwenImageLogProbPipeline(QwenImagePipeline):
+    """Qwen-Image rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
+
+    supports_request_batch = True
+    # the trajectory recording lives in forward(); the engine's step-execution mode is not wired
+    supports_step_execution = False
+
+    def __init__(self, *, od_config, prefix: str = ""):
+        super().__init__(od_config=od_config, prefix=prefix)
+        self.scheduler = FlowMatchSDEDiscreteScheduler.from_config(self.scheduler.config)
+        # requests per transformer batch, in order: read by the worker extension (batching metric)
+        self.request_batch_sizes: list[int] = []
+
+    # ---- text conditioning from token ids -------------------------------------------------
+
+    @torch.no_grad()
+    def encode_token_ids(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings ``[B, L, D]`` and mask ``[B, L]`` of templated prompt ids (prefix dropped)."""
+        too_short = [len(row) for row in ids if len(row) <= QWEN_IMAGE_PROMPT_DROP_TOKENS]
+        if too_short:
+            raise ValueError(
+                f"prompt ids must be longer than the {QWEN_IMAGE_PROMPT_DROP_TOKENS}-token template prefix "
+                f"(apply the Qwen-Image template first); got lengths {too_short}"
+            )
+        width = max(len(row) for row in ids)
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, row in enumerate(ids):
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        hidden = self.text_encoder(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
+        rows = [h[QWEN_IMAGE_PROMPT_DROP_TOKENS:] for h in self._extract_masked_hidden(hidden.hidden_states[-1], mask)]
+        length = max(r.shape[0] for r in rows)
+        embeds = torch.stack([torch.cat([r, r.new_zeros(length - r.shape[0], r.shape[1])]) for r in rows])
+        out_mask = torch.stack([torch.arange(length, device=embeds.device) < r.shape[0] for r in rows]).long()
+        return embeds, out_mask
+
+    def _per_sample_embeds(self, requests: list[RolloutRequest], negative: bool):
+        ids = [r.negative_prompt_ids if negative else r.prompt_ids for r in requests]
+        embeds, mask = self.encode_token_ids(ids)
+        counts = torch.tensor([r.num_samples for r in requests], device=embeds.device)
+        return embeds.repeat_interleave(counts, dim=0), mask.repeat_interleave(counts, dim=0)
+
+    # ---- the SDE step ------------------------------------------------------------------------
+
+    def step_scheduler(self, state: RolloutState, noise_pred: torch.Tensor, **kwargs: Any) -> None:
+        """One SDE/ODE step of every sample; records the transitions inside each sample's window."""
+        if self.interrupt:
+            return
+        step = state.step_index
+        t = state.current_timestep
+        levels = state.noise_levels[step]
+        result = sde_step_with_logprob(
+            self.scheduler,
+            noise_pred,
+            t,
+            state.latents,
+            noise_level=torch.tensor(levels),
+            generator=state.generators,
+            sde_type=state.sde_type,
+        )
+        prev = result.prev_sample.to(state.latents.dtype)
+        for i, level in enumerate(levels):
+            if level == 0:
+                continue
+            if not state.window_latents[i]:
+                state.window_latents[i].append(state.latents[i].detach().float().cpu())
+            state.window_latents[i].append(result.prev_sample[i].detach().cpu())
+            state.window_log_probs[i].append(result.log_prob[i].detach().cpu())
+            state.window_timesteps[i].append(t.detach().float().cpu())
+        state.latents = prev
+        state.step_index += 1
+
+    # ---- the request batch -------------------------------------------------------------------
+
+    @staticmethod
+    def _common_value(sampling_params_list, name: str):
+        values = {getattr(sp, name) for sp in sampling_params_list}
+        if len(values) > 1:
+            raise ValueError(f"requests batched together must share sampling_params.{name}, got {sorted(values)}")
+        return values.pop()
+
+    def _batch_settings(self, req) -> BatchSettings:
+        """Settings the requests of one transformer batch must share, and each request's own."""
+        sps = req.sampling_params_list
+        height = self._common_value(sps, "height") or self.default_sample_size * self.vae_scale_factor
+        width = self._common_value(sps, "width") or self.default_sample_size * self.vae_scale_factor
+        height, width = normalize_min_aligned_size(height, width, self.vae_scale_factor * 2)
+        num_steps = self._common_value(sps, "num_inference_steps") or 50
+        cfg_scale = self._common_value(sps, "true_cfg_scale") or DEFAULT_TRUE_CFG_SCALE
+        requests = [parse_rollout_request(p, sp, num_steps) for p, sp in zip(req.prompts, sps, strict=True)]
+        sde_types = {r.sde_type for r in requests}
+        if len(sde_types) > 1:
+            raise ValueError(f"requests batched together must share extra_args['sde_type'], got {sorted(sde_types)}")
+        with_neg = {r.negative_prompt_ids is not None for r in requests}
+        if len(with_neg) > 1:
+            raise ValueError("requests batched together must all have, or all lack, negative_prompt_ids")
+        return BatchSettings(
+            requests=requests,
+            height=height,
+            width=width,
+            num_steps=num_steps,
+            cfg_scale=cfg_scale,
+            do_true_cfg=with_neg.pop() and cfg_scale > 1,
+            sde_type=sde_types.pop(),
+        )
+
+    def forward(self, req) -> list[DiffusionOutput]:
+        """Denoise all requests of ``req`` in one transformer batch and return one output per request."""
+        if req.is_dummy_run():
+            # the engine's start-up warm-up request carries text, not token ids: stock path
+            return super().forward(req)
+        self.request_batch_sizes.append(req.num_reqs)
+        # 1. Shared and per-request (per-sample) settings.
+        settings = self._batch_settings(req)
+        requests = settings.requests
+        self._interrupt = False
+        self._attention_kwargs = {}
+
+        # 2. Conditioning, per-sample latents and the schedule.
+        cond = Conditioning(*self._per_sample_embeds(requests, negative=False))
+        if settings.do_true_cfg:
+            cond.negative_embeds, cond.negative_mask = self._per_sample_embeds(requests, negative=True)
+        generators = [g for r in requests for g in r.generators(self.device)]
+        channels = self.transformer.in_channels // 4
+        latents = self.prepare_latents(
+            len(generators), channels, settings.height, settings.width, cond.embeds.dtype, self.device, generators
+        )
+        timesteps, _ = self.prepare_timesteps(settings.num_steps, None, latents.shape[1])
+        self._num_timesteps = len(timesteps)
+        state = RolloutState(
+            latents=latents,
+            timesteps=timesteps,
+            noise_levels=[[lv for r in requests for lv in r.noise_levels_at(i)] for i in range(len(timesteps))],
+            generators=generators,
+            sde_type=settings.sde_type,
+        )
+
+        # 3. Denoise: stock CFG prediction, our SDE step.
+        self._denoise(state, cond, settings)
+        self._current_timestep = None
+
+        # 4. Decode and split per request.
+        images = self._decode_latents(state.latents, settings.height, settings.width, "pt").output
+        if not bool(torch.isfinite(images).all()):
+            raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
+        return self._split_outputs(requests, state, images, cond)
+
+    def _denoise(self, state: RolloutState, cond: Conditioning, settings: BatchSettings) -> None:
+        batch = state.latents.shape[0]
+        side = self.vae_scale_factor * 2
+        img_shapes = [[(1, settings.height // side, settings.width // side)]] * batch
+        self.transformer.do_true_cfg = settings.do_true_cfg
+        for t in state.timesteps:
+            self._current_timestep = t
+            positive, negative, output_slice = self._build_denoise_kwargs(
+                latents=state.latents,
+                timestep=t,
+                guidance=None,
+                prompt_embeds=cond.embeds,
+                prompt_embeds_mask=cond.mask,
+                img_shapes=img_shapes,
+                txt_seq_lens=txt_seq_lens_from_embeds(cond.embeds),
+                do_true_cfg=settings.do_true_cfg,
+                negative_prompt_embeds=cond.negative_embeds,
+                negative_prompt_embeds_mask=cond.negative_mask,
+                negative_txt_seq_lens=txt_seq_lens_from_embeds(cond.negative_embeds),
+                extra_transformer_kwargs={"attention_kwargs": self.attention_kwargs, "return_dict": False},
+            )
+            noise_pred = self.predict_noise_maybe_with_cfg(
+                settings.do_true_cfg,
+                settings.cfg_scale,
+                positive,
+                negative,
+                cfg_normalize=True,
+                output_slice=output_slice,
+            )
+            self.step_scheduler(state, noise_pred)
+
+    @staticmethod
+    def _trim(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop the padding columns a request only has because of its batch companions."""
+        length = int(mask.sum(dim=1).max())
+        return embeds[:, :length].detach().cpu(), mask[:, :length].detach().cpu()
+
+    def _split_outputs(self, requests, state: RolloutState, images: torch.Tensor, cond: Conditioning):
+        outputs = []
+        start = 0
+        for r in requests:
+            rows = range(start, start + r.num_samples)
+            embeds, mask = self._trim(cond.embeds[rows.start : rows.stop], cond.mask[rows.start : rows.stop])
+            trajectory = {
+                "latents": torch.stack([torch.stack(state.window_latents[i]) for i in rows]),
+                "log_probs": torch.stack([torch.stack(state.window_log_probs[i]) for i in rows]),
+                "timesteps": torch.stack([torch.stack(state.window_timesteps[i]) for i in rows]),
+                "window_start": torch.tensor(r.window_starts),
+                "prompt_embeds": embeds,
+                "prompt_embeds_mask": mask,
+            }
+            if cond.negative_embeds is not None:
+                n_embeds, n_mask = self._trim(
+                    cond.negative_embeds[rows.start : rows.stop], cond.negative_mask[rows.start : rows.stop]
+                )
+                trajectory["negative_prompt_embeds"] = n_embeds
+                trajectory["negative_prompt_embeds_mask"] = n_mask
+            outputs.append(
+                DiffusionOutput(
+                    output={"payload": {"image": images[rows.start : rows.stop], "trajectory": trajectory}},
+                    trajectory_latents=trajectory["latents"],
+                    trajectory_log_probs=trajectory["log_probs"],
+                    trajectory_timesteps=trajectory["timesteps"],
+                )
+            )
+            start = rows.stop
+        return outputs

@@ -1,0 +1,236 @@
+"""The vLLM-Omni engine as the rollout server uses it: launch, one engine-call helper, unpacking, LoRA.
+
+Kept free of Ray so that it can be driven directly (tests, benchmark); ``vLLMOmniHttpServer``
+holds one of these inside its Ray actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
+
+logger = logging.getLogger(__name__)
+
+PIPELINE_CLASS = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
+WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.OmniRolloutWorkerExtension"
+
+# sampling keys that map onto OmniDiffusionSamplingParams fields
+_DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
+# Flow-GRPO keys read by the rollout pipeline from extra_args
+_SDE_KEYS = ("sde_type", "noise_level", "sde_window_size", "sde_window_range", "seeds")
+# keys verl's agent loops send for text models; meaningless for diffusion, ignored
+_IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
+
+
+def build_sampling_params(sampling_params: dict[str, Any], num_outputs_per_prompt: int, lora_request=None):
+    """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict."""
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_IGNORED_LLM_KEYS)
+    if unknown:
+        raise ValueError(
+            f"sampling_params has unknown keys {sorted(unknown)}; "
+            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}"
+        )
+    fields = {k: sampling_params[k] for k in _DIFFUSION_KEYS if sampling_params.get(k) is not None}
+    if "guidance_scale" in fields:
+        fields["guidance_scale_provided"] = True
+    extra = {k: sampling_params[k] for k in _SDE_KEYS if sampling_params.get(k) is not None}
+    return OmniDiffusionSamplingParams(
+        num_outputs_per_prompt=num_outputs_per_prompt,
+        extra_args=extra,
+        lora_request=lora_request,
+        **fields,
+    )
+
+
+def _image_to_uint8(image) -> torch.Tensor:
+    """PIL image (what vLLM-Omni's Qwen-Image post-process returns) to uint8 ``[3, H, W]``."""
+    array = np.asarray(image.convert("RGB"), dtype=np.uint8)
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
+    """Split one engine request's output (N images, batched trajectory) into N per-sample outputs."""
+    trajectory = (output.multimodal_output or {}).get("trajectory")
+    if trajectory is None:
+        raise RuntimeError(
+            f"engine output has no trajectory payload: is the engine running the rollout pipeline ({PIPELINE_CLASS})?"
+        )
+    if len(output.images) != num_outputs_per_prompt:
+        raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
+    for name in ("latents", "log_probs", "timesteps"):
+        value = trajectory[name]
+        if value.shape[0] != num_outputs_per_prompt:
+            raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
+        if not bool(torch.isfinite(value).all()):
+            raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
+    outputs = []
+    for i, image in enumerate(output.images):
+        extra = {
+            "all_latents": trajectory["latents"][i],
+            "all_timesteps": trajectory["timesteps"][i],
+            "window_start": int(trajectory["window_start"][i]),
+            "prompt_embeds": trajectory["prompt_embeds"][i],
+            "prompt_embeds_mask": trajectory["prompt_embeds_mask"][i],
+        }
+        if "negative_prompt_embeds" in trajectory:
+            extra["negative_prompt_embeds"] = trajectory["negative_prompt_embeds"][i]
+            extra["negative_prompt_embeds_mask"] = trajectory["negative_prompt_embeds_mask"][i]
+        outputs.append(
+            DiffusionOutput(
+                diffusion_output=_image_to_uint8(image),
+                log_probs=trajectory["log_probs"][i],
+                extra_fields=extra,
+            )
+        )
+    return outputs
+
+
+class OmniRolloutEngine:
+    """An ``AsyncOmni`` running the log-prob pipeline and our worker extension.
+
+    Args:
+        model_path: diffusers-format Qwen-Image directory.
+        dtype: engine dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU).
+        max_batch_requests: how many queued requests the engine may denoise in one transformer batch.
+        engine_kwargs: further ``AsyncOmni`` keyword arguments.
+    """
+
+    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_requests: int = 8, **engine_kwargs):
+        self.model_path = model_path
+        self.dtype = dtype
+        self.max_batch_requests = max_batch_requests
+        self.engine_kwargs = engine_kwargs
+        self.engine = None
+        # the adapter every generation uses (a tensor-free request), and the id the next push gets
+        self.active_lora = None
+        self._next_lora_id = 1
+
+    def start(self) -> None:
+        """Launch the engine (spawns the diffusion worker processes)."""
+        from vllm_omni.entrypoints.async_omni import AsyncOmni
+
+        self.engine = AsyncOmni(
+            model=self.model_path,
+            dtype=self.dtype,
+            custom_pipeline_args={"pipeline_class": PIPELINE_CLASS},
+            worker_extension_cls=WORKER_EXTENSION_CLASS,
+            max_num_seqs=self.max_batch_requests,
+            **self.engine_kwargs,
+        )
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    def _require_engine(self):
+        if self.engine is None:
+            raise RuntimeError("the rollout engine is not started: call start() first")
+        return self.engine
+
+    async def engine_call(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        num_outputs_per_prompt: int = 1,
+        negative_prompt_ids: list[int] | None = None,
+        lora_request=None,
+    ) -> list[DiffusionOutput]:
+        """One engine request for ``num_outputs_per_prompt`` samples of one prompt (the shared helper)."""
+        if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
+            raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
+        engine = self._require_engine()
+        params = build_sampling_params(sampling_params, num_outputs_per_prompt, lora_request or self.active_lora)
+        prompt = {"prompt_ids": list(prompt_ids)}
+        if negative_prompt_ids is not None:
+            prompt["negative_prompt_ids"] = list(negative_prompt_ids)
+        final = None
+        async for output in engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=[params]):
+            final = output
+        if final is None:
+            raise RuntimeError(f"engine returned no output for request {request_id}")
+        if final.error:
+            raise RuntimeError(f"engine request {request_id} failed: {final.error}")
+        return unpack_request_output(final, num_outputs_per_prompt)
+
+    async def collective_rpc(self, method: str, *args) -> list[Any]:
+        """Call a worker-extension method on every diffusion worker; returns one result per stage."""
+        return await self._require_engine().collective_rpc(method=method, args=args)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        await self._require_engine().abort(request_ids)
+
+    async def load_lora_tensors(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
+        """Make an in-memory adapter the one every generation uses; returns the modules it binds.
+
+        The adapter gets a new id (vLLM-Omni caches adapters by id), is probed in the worker, and
+        only then replaces the previous one (removed). An adapter binding no module is removed and
+        raises ``ValueError``.
+        """
+        from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, in_memory_lora_path
+
+        engine = self._require_engine()
+        adapter_id = self._next_lora_id
+        self._next_lora_id += 1
+        request = TensorLoRARequest(
+            lora_name=f"verl_omni_lora_{adapter_id}",
+            lora_int_id=adapter_id,
+            lora_path=in_memory_lora_path(adapter_id),
+            peft_config=dict(peft_config),
+            lora_tensors={name: t.detach().cpu().contiguous() for name, t in tensors.items()},
+        )
+        if not await engine.add_lora(request):
+            raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id}")
+        probes = _flatten(await self.collective_rpc("verl_omni_lora_binding", adapter_id))
+        bound = sorted({name for probe in probes for name in probe["bound"]})
+        unused = sorted({name for probe in probes for name in probe["unused"]})
+        if not bound or unused:
+            await engine.remove_lora(adapter_id)
+            what = "binds no module" if not bound else f"has weights that bind no module: {unused[:8]}"
+            raise ValueError(
+                f"LoRA adapter {what} of the rollout model (tensor names like {sorted(tensors)[:4]}, "
+                f"target_modules={peft_config.get('target_modules')}): fix the names or target_modules"
+            )
+        await self.clear_lora()
+        self.active_lora = request.without_tensors()
+        logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
+        return bound
+
+    async def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        """Replace transformer weights (diffusers names) in every worker; returns how many parameters were set."""
+        items = [(f"transformer.{name}", tensor.detach().cpu()) for name, tensor in weights.items()]
+        return sum(_flatten(await self.collective_rpc("verl_omni_load_weights", items)))
+
+    async def clear_lora(self) -> None:
+        """Stop using (and unload) the active adapter, if any."""
+        if self.active_lora is not None:
+            await self._require_engine().remove_lora(self.active_lora.lora_int_id)
+            self.active_lora = None
+
+    async def request_batch_sizes(self) -> list[int]:
+        """Requests per transformer batch of every rollout forward so far (engine-side count)."""
+        return _flatten(await self.collective_rpc("verl_omni_request_batch_sizes"))
+
+
+def _flatten(stage_results: list[Any]) -> list[Any]:
+    """collective_rpc returns per stage either a worker's list or a list of worker lists."""
+    items: list[Any] = []
+    for result in stage_results:
+        if isinstance(result, dict):
+            raise RuntimeError(f"worker RPC failed: {result}")
+        if isinstance(result, list) and result and isinstance(result[0], list):
+            for worker_result in result:
+                items.extend(worker_result)
+        elif isinstance(result, list):
+            items.extend(result)
+        else:
+            items.append(result)
+    return items

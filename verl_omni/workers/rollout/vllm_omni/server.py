@@ -1,0 +1,174 @@
+"""verl rollout server and replica for vLLM-Omni diffusion models (rollout name ``vllm_omni``).
+
+``vLLMOmniHttpServer`` keeps verl's ``vLLMHttpServer`` Ray-actor surface (addresses, profiling,
+abort/resume, sleep/wake) and swaps the text engine for :class:`OmniRolloutEngine` running our
+log-prob pipeline. There is no HTTP endpoint: callers use the actor methods ``generate`` and
+``generate_batched``; ``get_server_address`` reports port 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+import torch
+from verl.workers.rollout.replica import RolloutMode
+from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+
+from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
+from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_REQUESTS = 8
+
+
+def _engine_dtype(config_dtype: str) -> str:
+    """fp32 on CPU (no bf16 kernels worth using there), the configured dtype on an accelerator."""
+    return config_dtype if torch.cuda.is_available() else "float32"
+
+
+class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
+    """A vLLM-Omni diffusion rollout server in one node (see module docstring)."""
+
+    def _init_model_config(self, model_config):
+        """Diffusion checkpoints have no transformers config: keep the given model config (needs ``path``)."""
+        if not (getattr(model_config, "local_path", None) or getattr(model_config, "path", None)):
+            raise ValueError("model_config.path must point at a diffusers-format model directory")
+        return model_config
+
+    def _validate_configs(self) -> None:
+        """The text-model limits verl checks (max_model_len, batched tokens) do not apply to diffusion."""
+
+    async def launch_server(self, master_address: str = None, master_port: int = None, dp_rpc_port: int = None):
+        if self.node_rank != 0:
+            return
+        engine_kwargs = dict((self.config.get("engine_kwargs", {}) or {}).get("vllm_omni", {}) or {})
+        # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
+        max_batch_requests = int(engine_kwargs.pop("max_num_seqs", DEFAULT_MAX_BATCH_REQUESTS))
+        model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
+        self.omni = OmniRolloutEngine(
+            str(model_path),
+            dtype=_engine_dtype(self.config.dtype),
+            max_batch_requests=max_batch_requests,
+            **engine_kwargs,
+        )
+        # AsyncOmni starts its orchestrator on the running loop: build it here, in the actor's loop.
+        self.omni.start()
+        self.engine = self.omni.engine
+        self._inflight: set[str] = set()
+        self._server_port = 0
+
+    async def shutdown(self) -> None:
+        """Stop the engine and its worker processes."""
+        self.omni.shutdown()
+
+    async def _engine_call(self, request_id: str, num_outputs_per_prompt: int, **kwargs) -> list[DiffusionOutput]:
+        """The single path to the engine; ``generate`` and ``generate_batched`` both go through it."""
+        if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
+            raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
+        await self._resume_event.wait()
+        self._inflight.add(request_id)
+        try:
+            return await self.omni.engine_call(
+                request_id=request_id, num_outputs_per_prompt=num_outputs_per_prompt, **kwargs
+            )
+        finally:
+            self._inflight.discard(request_id)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        negative_prompt_ids: list[int] | None = None,
+        **kwargs: Any,
+    ) -> DiffusionOutput:
+        """One sample for ``prompt_ids`` (the N=1 case of :meth:`generate_batched`)."""
+        (output,) = await self.generate_batched(
+            prompt_ids, sampling_params, request_id, num_outputs_per_prompt=1, negative_prompt_ids=negative_prompt_ids
+        )
+        return output
+
+    async def generate_batched(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        num_outputs_per_prompt: int,
+        negative_prompt_ids: list[int] | None = None,
+        **kwargs: Any,
+    ) -> list[DiffusionOutput]:
+        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch)."""
+        return await self._engine_call(
+            request_id,
+            num_outputs_per_prompt,
+            prompt_ids=prompt_ids,
+            sampling_params=sampling_params,
+            negative_prompt_ids=negative_prompt_ids,
+        )
+
+    async def load_lora_tensors(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
+        """Push an in-memory LoRA adapter; returns how many modules it binds (never 0: that raises)."""
+        return len(await self.omni.load_lora_tensors(peft_config, tensors))
+
+    async def update_weights(self, weights: dict[str, torch.Tensor]) -> int:
+        """Full transformer weights (diffusers names) through the pipeline's ``load_weights``."""
+        return await self.omni.load_weights(weights)
+
+    async def wake_up(self, tags: list[str] | None = None):
+        if self.node_rank != 0 or not torch.cuda.is_available():
+            return  # CPU: nothing was offloaded
+        if self.rollout_mode != RolloutMode.STANDALONE:
+            await self.engine.wake_up()
+
+    async def sleep(self):
+        if self.node_rank != 0 or not self.config.free_cache_engine or not torch.cuda.is_available():
+            return  # CPU: no device memory to give back
+        if self.rollout_mode != RolloutMode.STANDALONE:
+            # level 1 offloads weights to host memory: the text encoder and VAE survive
+            await self.engine.sleep(level=1)
+
+    async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict[str, Any]:
+        request_ids = sorted(self._inflight)
+        if request_ids:
+            await self.omni.abort(request_ids)
+        return {"aborted_count": len(request_ids), "request_ids": request_ids}
+
+    async def abort_request(self, request_id: str, reset_prefix_cache: bool = True) -> dict[str, Any]:
+        if request_id not in self._inflight:
+            return {"aborted": False, "request_id": request_id}
+        await self.omni.abort([request_id])
+        return {"aborted": True, "request_id": request_id}
+
+    async def resume_generation(self):
+        self._resume_event.set()
+
+    async def wait_for_requests_to_drain(self):
+        while self._inflight:
+            await asyncio.sleep(0.05)
+
+    # a diffusion engine has no KV cache, prefix cache or encoder cache
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+
+class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
+    """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server_class = ray.remote(vLLMOmniHttpServer)
+
+    def _get_server_name_prefix(self) -> str:
+        return "vllm_omni_"
