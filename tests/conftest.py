@@ -3,8 +3,23 @@
 Importing ``verl_omni`` here would register things as a side effect; fixtures import lazily.
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
+
+
+@pytest.fixture(scope="session")
+def fresh_python():
+    """``run(code) -> stdout``: code in a new interpreter, as a Ray or engine worker starts; fails with its stderr."""
+
+    def run(code: str, timeout: float = 600) -> str:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out.stdout
+
+    return run
 
 
 @pytest.fixture(scope="session")

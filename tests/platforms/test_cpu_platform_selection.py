@@ -1,8 +1,6 @@
 """Our CPU platforms are registered on vLLM's and vLLM-Omni's entry points and chosen only on CPU."""
 
 import importlib.metadata
-import subprocess
-import sys
 
 import pytest
 
@@ -44,7 +42,7 @@ def test_auto_mode_follows_accelerator_detection(monkeypatch):
     assert platforms.omni_platform_plugin() == platforms.OMNI_CPU_PLATFORM
 
 
-def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks():
+def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks(fresh_python):
     code = (
         "import os\n"
         "os.environ.pop('VERL_OMNI_CPU_PLATFORM', None)\n"
@@ -57,6 +55,5 @@ def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks():
         "o.synchronize(); o.empty_cache(); o.set_device(None)\n"
         "print(type(p).__name__, type(o).__name__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "VerlOmniCpuPlatform VerlOmniCpuOmniPlatform" in out.stdout
+    stdout = fresh_python(code)
+    assert "VerlOmniCpuPlatform VerlOmniCpuOmniPlatform" in stdout

@@ -4,8 +4,6 @@ verl logs plugin import failures at DEBUG only, so a broken plugin would otherwi
 """
 
 import importlib.metadata
-import subprocess
-import sys
 
 
 def test_verl_plugin_entry_point_is_installed():
@@ -13,7 +11,7 @@ def test_verl_plugin_entry_point_is_installed():
     assert "verl_omni.plugin" in {ep.value for ep in eps}
 
 
-def test_importing_verl_alone_registers_everything():
+def test_importing_verl_alone_registers_everything(fresh_python):
     # a fresh interpreter that imports only verl, as a Ray worker would
     code = (
         "import verl, sys\n"
@@ -24,10 +22,12 @@ def test_importing_verl_alone_registers_everything():
         "print('algos', c.ADV_ESTIMATORS.names(), c.POLICY_LOSSES.names())\n"
         "print('scorers', SCORERS.names())\n"
         "print('reward_manager', get_reward_manager_cls('diffusion').__name__)\n"
+        "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
+        "replica = RolloutReplicaRegistry.get('vllm_omni')\n"
+        "print('rollout', replica.__module__, replica.__name__)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "algos ['flow_grpo'] ['flow_grpo']" in out.stdout
+    stdout = fresh_python(code)
+    assert "algos ['flow_grpo'] ['flow_grpo']" in stdout
     for scorer in (
         "jpeg_compressibility",
         "jpeg_incompressibility",
@@ -37,5 +37,6 @@ def test_importing_verl_alone_registers_everything():
         "aesthetic",
         "http",
     ):
-        assert f"'{scorer}'" in out.stdout, out.stdout
-    assert "reward_manager DiffusionRewardManager" in out.stdout
+        assert f"'{scorer}'" in stdout, stdout
+    assert "reward_manager DiffusionRewardManager" in stdout
+    assert "rollout verl_omni.workers.rollout.vllm_omni.server vLLMOmniReplica" in stdout
