@@ -40,3 +40,12 @@ def test_importing_verl_alone_registers_everything(fresh_python):
         assert f"'{scorer}'" in stdout, stdout
     assert "reward_manager DiffusionRewardManager" in stdout
     assert "rollout verl_omni.workers.rollout.vllm_omni.server vLLMOmniReplica" in stdout
+
+
+def test_test_module_basenames_are_unique():
+    # pytest's default import mode keys test modules by basename: a duplicate stops collection
+    from collections import Counter
+    from pathlib import Path
+
+    names = Counter(p.name for p in Path(__file__).parents[1].rglob("test_*.py"))
+    assert [n for n, c in names.items() if c > 1] == []

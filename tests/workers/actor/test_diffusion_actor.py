@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 from actor_helpers import batch_of as _batch
 from actor_helpers import build_actor as _actor
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def process_group():
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_kl_term_pulls_the_policy_back_to_the_reference(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):

@@ -1,11 +1,10 @@
 """The vLLM-Omni rollout on the real engine (CPU platform plugin, tiny random Qwen-Image).
 
-One engine per module: it runs our log-prob pipeline and worker extension in spawned worker
-processes, exactly as the rollout server runs it.
+One engine per module (fixtures in ``tests/workers/conftest.py``): it runs our log-prob pipeline
+and worker extension in spawned worker processes, exactly as the rollout server runs it.
 """
 
 import asyncio
-import threading
 
 import numpy as np
 import pytest
@@ -27,57 +26,6 @@ SAMPLING = {
 }
 
 pytestmark = pytest.mark.slow
-
-
-class LoopThread:
-    """An event loop in a thread, so the async engine lives across tests of the module."""
-
-    def __init__(self):
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self):
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
-
-
-@pytest.fixture(scope="module")
-def loop():
-    runner = LoopThread()
-    yield runner
-    runner.stop()
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_qwen_image_path, loop):
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    rollout = OmniRolloutEngine(str(tiny_qwen_image_path), dtype="float32", max_batch_requests=8)
-
-    async def start():
-        rollout.start()
-
-    loop.run(start())
-    yield rollout
-    rollout.shutdown()
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_qwen_image_path):
-    from transformers import Qwen2Tokenizer
-
-    from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
-
-    tokenizer = Qwen2Tokenizer.from_pretrained(tiny_qwen_image_path, subfolder="tokenizer")
-    return {
-        "cat": prompt_token_ids(tokenizer, "a red cat on a chair"),
-        "dog": prompt_token_ids(tokenizer, "a blue dog near a tree"),
-        "negative": prompt_token_ids(tokenizer, " "),
-    }
 
 
 def generate(loop, engine, prompts, n=1, request_id="req", **overrides):
