@@ -28,15 +28,16 @@ SAMPLING = {
     "sde_window_size": WINDOW,
     "seed": 11,
 }
-# fp32 on both sides; the two transformer implementations differ in op order only
-LOGPROB_BOUND = 1e-4
+# fp32 on both sides; the two transformer implementations (vLLM-Omni's, diffusers') differ in op
+# order only: measured 6.0e-8 before and 1.2e-7 after the sync on the development machine
+LOGPROB_BOUND = 1e-5
 
 
 @pytest.fixture(scope="module")
 def actor(process_group, tiny_qwen_image_path):
     from actor.actor_helpers import build_actor
 
-    return build_actor(tiny_qwen_image_path)
+    return build_actor(tiny_qwen_image_path, ppo_mini_batch_size=N)
 
 
 @pytest.fixture(scope="module")
