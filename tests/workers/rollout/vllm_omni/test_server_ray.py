@@ -72,3 +72,32 @@ def test_server_sleep_and_wake_up_are_no_ops_on_cpu(server, prompt_ids):
     ray.get(server.wake_up.remote())
     after = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-after-wake"))
     assert torch.equal(before.diffusion_output, after.diffusion_output)
+
+
+def test_lora_push_to_every_replica_changes_the_image_and_a_bad_one_names_the_server(server, prompt_ids):
+    import asyncio
+
+    import ray
+
+    from verl_omni.workers.rollout.weight_sync import push_lora_to_replicas
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for block in range(2):
+        for proj in ("to_q", "to_k", "to_v"):
+            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen)
+    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}
+
+    before = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-before-lora"))
+    bound = asyncio.run(push_lora_to_replicas([server, server], config, tensors))
+    assert len(bound) == 2 and all(b > 0 for b in bound)
+    after = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-after-lora"))
+    assert not torch.equal(before.diffusion_output, after.diffusion_output)
+
+    bad = {k.replace("transformer_blocks", "no_such_blocks"): v for k, v in tensors.items()}
+    with pytest.raises(RuntimeError, match="rollout server 0 of 1"):
+        asyncio.run(push_lora_to_replicas([server], config, bad))
+    with pytest.raises(ValueError, match="no rollout servers"):
+        asyncio.run(push_lora_to_replicas([], config, tensors))

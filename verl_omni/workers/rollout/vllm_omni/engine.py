@@ -6,6 +6,7 @@ holds one of these inside its Ray actor.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -111,6 +112,8 @@ class OmniRolloutEngine:
         # the adapter every generation uses (a tensor-free request), and the id the next push gets
         self.active_lora = None
         self._next_lora_id = 1
+        # one adapter swap at a time: a second push would remove the first before its probe ran
+        self._lora_lock = asyncio.Lock()
 
     def start(self) -> None:
         """Launch the engine (spawns the diffusion worker processes)."""
@@ -175,6 +178,10 @@ class OmniRolloutEngine:
         only then replaces the previous one (removed). An adapter binding no module is removed and
         raises ``ValueError``.
         """
+        async with self._lora_lock:
+            return await self._swap_lora(peft_config, tensors)
+
+    async def _swap_lora(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
         from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, in_memory_lora_path
 
         engine = self._require_engine()
