@@ -34,27 +34,24 @@ def loop():
     runner.stop()
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_qwen_image_path, loop):
+def _started_engine(loop, model_path, dtype):
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
-    rollout = OmniRolloutEngine(str(tiny_qwen_image_path), dtype="float32", max_batch_requests=8)
+    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, max_batch_requests=8)
 
     async def start():
         rollout.start()
 
     loop.run(start())
-    yield rollout
-    rollout.shutdown()
+    return rollout
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny_qwen_image_path):
+def _tokenized_prompts(model_path) -> dict:
     from transformers import Qwen2Tokenizer
 
     from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
 
-    tokenizer = Qwen2Tokenizer.from_pretrained(tiny_qwen_image_path, subfolder="tokenizer")
+    tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
     return {
         "cat": prompt_token_ids(tokenizer, "a red cat on a chair"),
         "dog": prompt_token_ids(tokenizer, "a blue dog near a tree"),
@@ -63,13 +60,50 @@ def prompts(tiny_qwen_image_path):
 
 
 @pytest.fixture(scope="module")
-def process_group():
-    """A one-rank gloo process group in this process (what the engine's FSDP2 mesh needs)."""
+def engine(tiny_qwen_image_path, loop):
+    """The rollout engine on the fp32 tiny model (CPU platform when no GPU)."""
+    rollout = _started_engine(loop, tiny_qwen_image_path, "float32")
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bf16_engine(tiny_qwen_image_bf16_path, loop):
+    """The rollout engine on the bf16 tiny model, as GPU engines run it."""
+    rollout = _started_engine(loop, tiny_qwen_image_bf16_path, "bfloat16")
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_qwen_image_path):
+    return _tokenized_prompts(tiny_qwen_image_path)
+
+
+def _process_group(backend: str):
     import torch.distributed as dist
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return dist
+
+
+@pytest.fixture(scope="module")
+def process_group():
+    """A one-rank gloo process group in this process (what the engine's FSDP2 mesh needs)."""
+    dist = _process_group("gloo")
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def cuda_process_group():
+    """A one-rank NCCL process group on CUDA device 0."""
+    import torch
+
+    torch.cuda.set_device(0)
+    dist = _process_group("nccl")
     yield
     dist.destroy_process_group()

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 from actor_helpers import batch_of, build_actor
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cuda_process_group():
-    import torch.distributed as dist
-
-    torch.cuda.set_device(0)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_fp32_replay_on_cuda_matches_cpu_sampler_and_update_direction(

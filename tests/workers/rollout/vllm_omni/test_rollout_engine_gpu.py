@@ -17,20 +17,6 @@ SAMPLING = {
 
 
 @pytest.fixture(scope="module")
-def gpu_engine(tiny_qwen_image_bf16_path, loop):
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    rollout = OmniRolloutEngine(str(tiny_qwen_image_bf16_path), dtype="bfloat16", max_batch_requests=8)
-
-    async def start():
-        rollout.start()
-
-    loop.run(start())
-    yield rollout
-    rollout.shutdown()
-
-
-@pytest.fixture(scope="module")
 def ids(tiny_qwen_image_bf16_path):
     from transformers import Qwen2Tokenizer
 
@@ -40,10 +26,10 @@ def ids(tiny_qwen_image_bf16_path):
     return prompt_token_ids(tok, "a red cat on a chair"), prompt_token_ids(tok, " ")
 
 
-def test_generate_batched_on_cuda_records_finite_log_probs(loop, gpu_engine, ids):
+def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, ids):
     prompt, negative = ids
     outs = loop.run(
-        gpu_engine.engine_call(prompt, SAMPLING, "gpu-4", num_outputs_per_prompt=4, negative_prompt_ids=negative)
+        bf16_engine.engine_call(prompt, SAMPLING, "gpu-4", num_outputs_per_prompt=4, negative_prompt_ids=negative)
     )
     assert len(outs) == 4
     lp = torch.stack([o.log_probs for o in outs])
@@ -54,11 +40,11 @@ def test_generate_batched_on_cuda_records_finite_log_probs(loop, gpu_engine, ids
     assert outs[0].extra_fields["all_latents"].shape[0] == 3
 
 
-def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, gpu_engine, ids):
+def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_engine, ids):
     prompt, negative = ids
 
     def one(request_id):
-        (out,) = loop.run(gpu_engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_ids=negative))
+        (out,) = loop.run(bf16_engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_ids=negative))
         return out.diffusion_output
 
     def lora(scale):
@@ -72,7 +58,7 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, gpu_en
         return {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}, tensors
 
     base = one("lora-base")
-    assert len(loop.run(gpu_engine.load_lora_tensors(*lora(2.0)))) > 0
+    assert len(loop.run(bf16_engine.load_lora_tensors(*lora(2.0)))) > 0
     assert not torch.equal(one("lora-on"), base)
-    loop.run(gpu_engine.load_lora_tensors(*lora(0.0)))
+    loop.run(bf16_engine.load_lora_tensors(*lora(0.0)))
     assert torch.equal(one("lora-zero"), base)
