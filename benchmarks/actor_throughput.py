@@ -47,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gradient-checkpointing", action="store_true")
     p.add_argument("--out", default=None, help="write the results as JSON here")
+    p.add_argument("--profile", default=None, help="write a kernel-time breakdown of the largest micro-batch here")
     return p.parse_args(argv)
 
 
@@ -140,6 +141,54 @@ def measure(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, de
     }
 
 
+# kernel-name substrings -> category, first match wins (CUDA kernel names of cuBLAS/cuDNN/flash/Triton)
+KERNEL_CATEGORIES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("matmul", ("gemm", "cutlass", "sm90", "sm100", "nvjet", "matmul")),
+    ("norm", ("norm",)),
+    ("elementwise", ("elementwise", "vectorized", "unrolled", "reduce", "copy", "cat", "fill")),
+)
+
+
+def kernel_category(name: str) -> str:
+    lowered = name.lower()
+    for category, keys in KERNEL_CATEGORIES:
+        if any(k in lowered for k in keys):
+            return category
+    return "other"
+
+
+def profile_step(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype, out: Path) -> dict:
+    """Device time per kernel category of one fwd+bwd, and the 25 longest kernels, written to ``out``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batch = make_batch(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
+    fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+    _sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+        _sync(device)
+    model.zero_grad(set_to_none=True)
+    events = [e for e in prof.key_averages() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")]
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    by_category: dict[str, float] = {}
+    for event in events:
+        category = kernel_category(event.key)
+        by_category[category] = by_category.get(category, 0.0) + getattr(event, attr) / 1e3
+    total = sum(by_category.values())
+    top = sorted(events, key=lambda e: getattr(e, attr), reverse=True)[:25]
+    lines = [f"micro-batch {micro_batch}: {total:.1f} ms of device time in kernels"]
+    lines += [
+        f"  {k:<12} {v:9.1f} ms {100 * v / total:5.1f} %" for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])
+    ]
+    lines += ["", "longest kernels (ms, calls, name):"]
+    lines += [f"  {getattr(e, attr) / 1e3:9.2f} {e.count:6d}  {e.key[:140]}" for e in top]
+    out.write_text("\n".join(lines) + "\n")
+    logger.info("\n".join(lines[: 2 + len(by_category)]))
+    return {"micro_batch": micro_batch, "kernel_ms": total, "by_category_ms": by_category}
+
+
 def main(argv=None) -> list[dict]:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     args = parse_args(argv)
@@ -172,8 +221,13 @@ def main(argv=None) -> list[dict]:
             row["tflops"],
             100 * row["fraction_of_matmul_ceiling"],
         )
+    meta = {"device": str(device), "dtype": str(dtype), "size": size, "matmul_ceiling_tflops": ceiling}
+    if args.profile:
+        largest = max(args.micro_batches)
+        meta["profile"] = profile_step(
+            model, scheduler, spec, args, largest, vae_scale_factor, device, dtype, Path(args.profile)
+        )
     if args.out:
-        meta = {"device": str(device), "dtype": str(dtype), "size": size, "matmul_ceiling_tflops": ceiling}
         Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     return results
 

@@ -1,13 +1,25 @@
-"""Rollout throughput on one replica: N concurrent ``generate`` vs one ``generate_batched(N)`` vs diffusers.
+"""Rollout throughput of one replica: the ways to make N images of one prompt, side by side in one run.
 
-Same prompt, negative prompt (true CFG), steps and size for all three; each mode is warmed up once
-and then timed over ``--repeats`` rounds (the two engine modes alternate round by round). The last stdout line is one JSON object with
-``concurrent_img_s``, ``batched_img_s``, ``diffusers_img_s``, ``n``, ``steps``, ``size``, ``device``.
+Modes (all the same prompt, size and steps; ``--cfg`` lists the true-CFG scales to run, 1 = off):
 
-    python benchmarks/rollout_throughput.py --device cpu            # tiny random model, fp32
-    python benchmarks/rollout_throughput.py --device cuda --full-size  # real architecture, random bf16, 512², 50 steps
+* ``concurrent``: N concurrent ``generate`` (N=1) requests to our log-prob engine, which may batch
+  queued requests (``max_num_seqs=N``);
+* ``batched``: one ``generate_batched(N)`` request to the same engine (one transformer batch);
+* ``serial``: N concurrent single requests to an engine that runs one request at a time
+  (``max_num_seqs=1``), i.e. no batching at all;
+* ``stock``: vLLM-Omni's own Qwen-Image pipeline, one request with ``num_outputs_per_prompt=N``;
+* ``diffusers``: diffusers' ``QwenImagePipeline`` at batch N.
 
-On CPU the vLLM-Omni engine runs through verl_omni's CPU platform plugins (installed entry points).
+Each (mode, cfg) is warmed up once, then timed over ``--repeats`` rounds; modes sharing an engine
+alternate round by round. Every row also reports the fraction of the FLOP limit: the measured
+bf16/fp32 matmul ceiling divided by the transformer FLOPs per image (``FlopCounterMode`` on a
+meta-device copy, × steps, × 2 with CFG). The last stdout line is one JSON object.
+
+    python benchmarks/rollout_throughput.py                      # CPU, tiny random model, fp32
+    python benchmarks/rollout_throughput.py --device cuda --full-size --n 16 --steps 50 --cfg 1 4
+
+``--full-size``: the real Qwen-Image transformer and VAE with random bf16 weights filled on the GPU
+(no weight file, see ``random_weights.py``), the tiny model's text encoder.
 """
 
 from __future__ import annotations
@@ -16,63 +28,57 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from actor_throughput import matmul_ceiling_tflops
 
 logger = logging.getLogger("rollout_throughput")
 
 PROMPT = "a red cat on a chair near a window"
 NEGATIVE = " "
+MODES = ("concurrent", "batched", "serial", "stock", "diffusers")
+HERE = Path(__file__).resolve().parent
 
 
-def build_model(args, workdir: Path) -> Path:
-    if args.model_path:
-        return Path(args.model_path)
-    if args.full_size:
-        from verl_omni.utils.tiny_models import build_tiny_model
-
-        # the real Qwen-Image architecture with random weights: see _full_size_model
-        return _full_size_model(workdir / "qwen_image_full", build_tiny_model)
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return Path(build_tiny_model("qwen_image", workdir / "tiny_qwen_image", seed=0))
-
-
-def _full_size_model(out: Path, build_tiny_model) -> Path:
-    """Real-size Qwen-Image (transformer and VAE at their default configs, 20B/0.1B) with random bf16
-    weights, reusing the tiny model's text encoder and tokenizer (the text side is not what is timed)."""
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
-
-    build_tiny_model("qwen_image", out, seed=0)
-    with torch.device("cuda"):
-        transformer = QwenImageTransformer2DModel(joint_attention_dim=_text_hidden_size(out)).to(torch.bfloat16)
-        vae = AutoencoderKLQwenImage().to(torch.bfloat16)
-    transformer.save_pretrained(out / "transformer")
-    vae.save_pretrained(out / "vae")
-    return out
-
-
-def _text_hidden_size(model_dir: Path) -> int:
-    config = json.loads((model_dir / "text_encoder" / "config.json").read_text())
-    return int(config.get("text_config", config).get("hidden_size", config.get("hidden_size")))
-
-
-def sampling(args, seed: int) -> dict:
+def sampling(args, cfg: float, seed: int) -> dict:
     return {
         "height": args.size,
         "width": args.size,
         "num_inference_steps": args.steps,
-        "true_cfg_scale": 4.0,
+        "true_cfg_scale": cfg,
         "noise_level": 0.7,
         "sde_window_size": 2,
         "seed": seed,
     }
 
 
-async def time_engine(args, model_path: Path) -> tuple[float, float]:
+def engine_kwargs(args) -> dict:
+    return {"enforce_eager": True} if args.device == "cuda" else {}
+
+
+async def time_rounds(modes: dict, cfgs: list[float], repeats: int) -> dict[tuple[str, float], float]:
+    """Warm every (mode, cfg) once, then alternate them round by round; seconds per round, averaged."""
+    for name, run in modes.items():
+        for cfg in cfgs:
+            await run(cfg, 0)
+            logger.info("warmed %s cfg=%g", name, cfg)
+    elapsed = {(name, cfg): 0.0 for name in modes for cfg in cfgs}
+    for r in range(1, repeats + 1):
+        for (name, cfg), _ in elapsed.items():
+            start = time.perf_counter()
+            await modes[name](cfg, r)
+            seconds = time.perf_counter() - start
+            elapsed[(name, cfg)] += seconds
+            logger.info("%s cfg=%g round %d: %.3f s", name, cfg, r, seconds)
+    return {key: total / repeats for key, total in elapsed.items()}
+
+
+async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max_seqs: int, modes) -> dict:
     from transformers import Qwen2Tokenizer
 
     from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
@@ -80,100 +86,205 @@ async def time_engine(args, model_path: Path) -> tuple[float, float]:
 
     tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
     ids, neg = prompt_token_ids(tokenizer, PROMPT), prompt_token_ids(tokenizer, NEGATIVE)
-    engine = OmniRolloutEngine(str(model_path), dtype=args.dtype, max_batch_requests=args.n)
+    extra = {"pipeline_class": pipeline} if pipeline else {}
+    engine = OmniRolloutEngine(
+        str(model_path), dtype=args.dtype, max_batch_requests=max_seqs, **extra, **engine_kwargs(args)
+    )
     start = time.perf_counter()
     engine.start()
-    logger.info("engine started in %.1f s", time.perf_counter() - start)
+    logger.info("log-prob engine (max_num_seqs=%d) started in %.1f s", max_seqs, time.perf_counter() - start)
+
+    def negative(cfg):
+        return neg if cfg > 1 else None
+
+    async def singles(cfg, r):
+        calls = [
+            engine.engine_call(ids, sampling(args, cfg, 1000 * r + i), f"s{cfg}-{r}-{i}", 1, negative(cfg))
+            for i in range(args.n)
+        ]
+        await asyncio.gather(*calls)
+
+    async def batched(cfg, r):
+        await engine.engine_call(ids, sampling(args, cfg, 1000 * r), f"b{cfg}-{r}", args.n, negative(cfg))
+
+    runs = {"concurrent": singles, "serial": singles, "batched": batched}
     try:
-
-        async def concurrent(round_id: int):
-            calls = [
-                engine.engine_call(ids, sampling(args, 1000 * round_id + i), f"c{round_id}-{i}", 1, neg)
-                for i in range(args.n)
-            ]
-            await asyncio.gather(*calls)
-
-        async def batched(round_id: int):
-            await engine.engine_call(ids, sampling(args, 1000 * round_id), f"b{round_id}", args.n, neg)
-
-        # warm up both, then alternate rounds so that load from other processes hits both modes alike
-        await concurrent(0)
-        await batched(0)
-        elapsed = {concurrent: 0.0, batched: 0.0}
-        for r in range(1, args.repeats + 1):
-            for mode in (concurrent, batched):
-                start = time.perf_counter()
-                await mode(r)
-                seconds = time.perf_counter() - start
-                elapsed[mode] += seconds
-                logger.info("%s round %d: %.3f s", mode.__name__, r, seconds)
-        logger.info("requests per transformer batch (engine side): %s", await engine.request_batch_sizes())
-        images = args.n * args.repeats
-        return images / elapsed[concurrent], images / elapsed[batched]
+        seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats)
+        logger.info("requests per transformer batch: %s", (await engine.request_batch_sizes())[-8:])
+        return seconds
     finally:
         engine.shutdown()
 
 
-def time_diffusers(args, model_path: Path) -> float:
+async def time_stock_engine(args, model_path: Path, pipeline: str | None) -> dict:
+    from vllm_omni.entrypoints.async_omni import AsyncOmni
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    extra = {"custom_pipeline_args": {"pipeline_class": pipeline}} if pipeline else {}
+    engine = AsyncOmni(model=str(model_path), dtype=args.dtype, max_num_seqs=args.n, **extra, **engine_kwargs(args))
+    logger.info("stock engine started")
+
+    async def one_request(cfg, r):
+        params = OmniDiffusionSamplingParams(
+            height=args.size,
+            width=args.size,
+            num_inference_steps=args.steps,
+            num_outputs_per_prompt=args.n,
+            true_cfg_scale=cfg,
+            seed=r,
+        )
+        prompt = {"prompt": PROMPT, **({"negative_prompt": NEGATIVE} if cfg > 1 else {})}
+        async for _ in engine.generate(prompt=prompt, request_id=f"stock{cfg}-{r}", sampling_params_list=[params]):
+            pass
+
+    try:
+        return await time_rounds({"stock": one_request}, args.cfg, args.repeats)
+    finally:
+        engine.shutdown()
+
+
+def build_diffusers_pipeline(args, model_path: Path):
     from diffusers import QwenImagePipeline
 
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
-    pipe = QwenImagePipeline.from_pretrained(model_path, torch_dtype=dtype).to(args.device)
+    if not args.full_size:
+        return QwenImagePipeline.from_pretrained(model_path, torch_dtype=dtype).to(args.device)
+    from random_weights import build_diffusers_transformer
+
+    transformer = build_diffusers_transformer(model_path, args.device, dtype)
+    return QwenImagePipeline.from_pretrained(model_path, transformer=transformer, torch_dtype=dtype).to(args.device)
+
+
+def time_diffusers(args, model_path: Path) -> dict:
+    pipe = build_diffusers_pipeline(args, model_path)
     pipe.set_progress_bar_config(disable=True)
 
-    def run(seed: int):
+    async def run(cfg, r):
         pipe(
             prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            true_cfg_scale=4.0,
+            negative_prompt=NEGATIVE if cfg > 1 else None,
+            true_cfg_scale=cfg,
             height=args.size,
             width=args.size,
             num_inference_steps=args.steps,
             num_images_per_prompt=args.n,
-            generator=torch.Generator(args.device).manual_seed(seed),
+            generator=torch.Generator(args.device).manual_seed(r),
         )
+        if args.device == "cuda":
+            torch.cuda.synchronize()
 
-    run(0)
-    start = time.perf_counter()
-    for r in range(1, args.repeats + 1):
-        run(r)
-    return args.n * args.repeats / (time.perf_counter() - start)
+    return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats))
 
 
-def main() -> None:
+def transformer_tflop_per_image(args, model_path: Path) -> float:
+    """FLOPs of one transformer forward for one image (no CFG), counted on a meta-device copy."""
+    from diffusers import QwenImageTransformer2DModel
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import Qwen2Tokenizer
+
+    from verl_omni.pipelines.qwen_image.rollout_request import QWEN_IMAGE_PROMPT_DROP_TOKENS, prompt_token_ids
+
+    tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
+    text_len = len(prompt_token_ids(tokenizer, PROMPT)) - QWEN_IMAGE_PROMPT_DROP_TOKENS
+    config = QwenImageTransformer2DModel.load_config(model_path / "transformer")
+    with torch.device("meta"):
+        model = QwenImageTransformer2DModel.from_config(config)
+        side = args.size // 16  # VAE /8, then 2x2 patches
+        hidden = torch.zeros(1, side * side, model.config.in_channels)
+        text = torch.zeros(1, text_len, model.config.joint_attention_dim)
+        mask = torch.ones(1, text_len, dtype=torch.long)
+        timestep = torch.ones(1)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(hidden, text, mask, timestep, img_shapes=[(1, side, side)], return_dict=False)
+    return counter.get_total_flops() / 1e12
+
+
+def build_model(args, workdir: Path) -> Path:
+    if args.model_path:
+        return Path(args.model_path)
+    if args.full_size:
+        from random_weights import write_full_size_model_dir
+
+        return write_full_size_model_dir(workdir / "qwen_image_full")
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    return Path(build_tiny_model("qwen_image", workdir / "tiny_qwen_image", seed=0))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--full-size", action="store_true", help="real architecture, random bf16 weights (CUDA)")
     parser.add_argument("--model-path", help="an existing diffusers Qwen-Image directory")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--cfg", type=float, nargs="+", default=[1.0, 4.0], help="true-CFG scales (1 = off)")
     parser.add_argument("--n", type=int, default=4, help="images per prompt")
     parser.add_argument("--steps", type=int, help="denoising steps (default 8 on CPU, 50 full size)")
     parser.add_argument("--size", type=int, help="image side (default 64 on CPU, 512 full size)")
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--out", help="also write the JSON result here")
+    args = parser.parse_args(argv)
     if args.full_size and args.device != "cuda":
-        parser.error("--full-size needs --device cuda")
+        parser.error("--full-size needs --device cuda (the transformer alone is ~40 GB in bf16)")
     args.steps = args.steps or (50 if args.full_size else 8)
     args.size = args.size or (512 if args.full_size else 64)
     args.dtype = "float32" if args.device == "cpu" else "bfloat16"
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    return args
 
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # the engines import the random-weight pipelines by name in their own processes
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    sys.path.insert(0, str(HERE))
+    log_prob_pipeline = stock_pipeline = None
+    if args.full_size:
+        from random_weights import LOG_PROB_PIPELINE, STOCK_PIPELINE
+
+        log_prob_pipeline, stock_pipeline = LOG_PROB_PIPELINE, STOCK_PIPELINE
+    seconds: dict[tuple[str, float], float] = {}
     with tempfile.TemporaryDirectory(prefix="rollout_bench_") as tmp:
         model_path = build_model(args, Path(tmp))
-        concurrent_img_s, batched_img_s = asyncio.run(time_engine(args, model_path))
-        diffusers_img_s = time_diffusers(args, model_path)
-    print(
-        json.dumps(
-            {
-                "concurrent_img_s": round(concurrent_img_s, 4),
-                "batched_img_s": round(batched_img_s, 4),
-                "diffusers_img_s": round(diffusers_img_s, 4),
-                "n": args.n,
-                "steps": args.steps,
-                "size": args.size,
-                "device": args.device,
-            }
+        shared = [m for m in ("concurrent", "batched") if m in args.modes]
+        if shared:
+            seconds |= asyncio.run(time_log_prob_engine(args, model_path, log_prob_pipeline, args.n, shared))
+        if "serial" in args.modes:
+            seconds |= asyncio.run(time_log_prob_engine(args, model_path, log_prob_pipeline, 1, ["serial"]))
+        if "stock" in args.modes:
+            seconds |= asyncio.run(time_stock_engine(args, model_path, stock_pipeline))
+        if "diffusers" in args.modes:
+            seconds |= time_diffusers(args, model_path)
+        tflop = transformer_tflop_per_image(args, model_path)
+    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+    ceiling = matmul_ceiling_tflops(torch.device(args.device), dtype, 8192 if args.device == "cuda" else 1024)
+    rows = []
+    for (mode, cfg), secs in seconds.items():
+        img_s = args.n / secs
+        limit = ceiling / (tflop * args.steps * (2 if cfg > 1 else 1))
+        rows.append({"mode": mode, "cfg": cfg, "img_s": round(img_s, 4), "fraction_of_limit": round(img_s / limit, 4)})
+        logger.info(
+            "%-10s cfg=%g: %.4g img/s (%.1f%% of the %.3g img/s FLOP limit)",
+            mode,
+            cfg,
+            img_s,
+            100 * img_s / limit,
+            limit,
         )
-    )
+    result = {
+        "rows": rows,
+        "n": args.n,
+        "steps": args.steps,
+        "size": args.size,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+        "transformer_tflop_per_image_step": round(tflop, 3),
+        "matmul_ceiling_tflops": round(ceiling, 1),
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

@@ -100,11 +100,21 @@ class OmniRolloutEngine:
         model_path: diffusers-format Qwen-Image directory.
         dtype: engine dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU).
         max_batch_requests: how many queued requests the engine may denoise in one transformer batch.
+        pipeline_class: import path of the pipeline (a subclass of the log-prob pipeline, e.g. the
+            random-weight one the full-size benchmark uses).
         engine_kwargs: further ``AsyncOmni`` keyword arguments.
     """
 
-    def __init__(self, model_path: str, dtype: str = "bfloat16", max_batch_requests: int = 8, **engine_kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "bfloat16",
+        max_batch_requests: int = 8,
+        pipeline_class: str = PIPELINE_CLASS,
+        **engine_kwargs,
+    ):
         self.model_path = model_path
+        self.pipeline_class = pipeline_class
         self.dtype = dtype
         self.max_batch_requests = max_batch_requests
         self.engine_kwargs = engine_kwargs
@@ -122,7 +132,7 @@ class OmniRolloutEngine:
         self.engine = AsyncOmni(
             model=self.model_path,
             dtype=self.dtype,
-            custom_pipeline_args={"pipeline_class": PIPELINE_CLASS},
+            custom_pipeline_args={"pipeline_class": self.pipeline_class},
             worker_extension_cls=WORKER_EXTENSION_CLASS,
             max_num_seqs=self.max_batch_requests,
             **self.engine_kwargs,
