@@ -46,6 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gradient-checkpointing", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block (regional)")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--profile", default=None, help="write a kernel-time breakdown of the largest micro-batch here")
     return p.parse_args(argv)
@@ -65,6 +66,8 @@ def build_transformer(args, model_path, device: torch.device, dtype: torch.dtype
         vae_scale_factor = ADAPTER.vae_scale_factor(model_path)
     if not args.no_gradient_checkpointing:
         model.enable_gradient_checkpointing()
+    if args.compile:
+        model.compile_repeated_blocks()
     model.requires_grad_(False)
     rank = args.lora_rank or (64 if args.full_size else 8)
     model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(ADAPTER.lora_target_modules)))
@@ -127,6 +130,8 @@ def measure(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, de
         fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
     model.zero_grad(set_to_none=True)
     _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for _ in range(args.iters):
         fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
@@ -138,6 +143,7 @@ def measure(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, de
         "samples_per_s": micro_batch / seconds,
         "step_s": seconds,
         "tflops": counter.get_total_flops() / seconds / 1e12,
+        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
     }
 
 

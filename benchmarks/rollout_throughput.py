@@ -58,7 +58,8 @@ def sampling(args, cfg: float, seed: int) -> dict:
 
 
 def engine_kwargs(args) -> dict:
-    return {"enforce_eager": True} if args.device == "cuda" else {}
+    """Eager unless ``--compile`` (vLLM-Omni's torch.compile of the transformer blocks)."""
+    return {"enforce_eager": not args.compile} if args.device == "cuda" else {}
 
 
 async def time_rounds(modes: dict, cfgs: list[float], repeats: int) -> dict[tuple[str, float], float]:
@@ -223,6 +224,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="denoising steps (default 8 on CPU, 50 full size)")
     parser.add_argument("--size", type=int, help="image side (default 64 on CPU, 512 full size)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
     if args.full_size and args.device != "cuda":
