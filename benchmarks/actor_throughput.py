@@ -47,6 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gradient-checkpointing", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile each transformer block (regional)")
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="wrap like DiffusersFSDPEngine (FSDP2 per block, bf16 compute params incl. LoRA) on one rank",
+    )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--profile", default=None, help="write a kernel-time breakdown of the largest micro-batch here")
     return p.parse_args(argv)
@@ -74,7 +79,27 @@ def build_transformer(args, model_path, device: torch.device, dtype: torch.dtype
     for p in model.parameters():
         if p.requires_grad:
             p.data = p.data.float()
+    if args.fsdp:
+        shard_like_engine(model, device, dtype)
     return model, vae_scale_factor
+
+
+def shard_like_engine(model, device: torch.device, dtype: torch.dtype) -> None:
+    """FSDP2 over one rank with the engine's mixed precision: every parameter (the fp32 LoRA too)
+    reaches the kernels in ``dtype``, cast once per all-gather instead of per call under autocast."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for block in model.transformer_blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
 
 
 def make_batch(model, spec: ReplaySpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
