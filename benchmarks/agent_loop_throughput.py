@@ -126,9 +126,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", type=int, default=32, help="image side in pixels")
     parser.add_argument("--replicas", type=int, default=2, help="rollout replicas (trainer.n_gpus_per_node)")
     parser.add_argument("--agent-workers", type=int, default=1, help="agent-loop workers per manager")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    # the engine libraries configure the root logger; this script's progress lines go to stderr directly
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     with tempfile.TemporaryDirectory(prefix="agent_loop_bench_") as tmp:
         if args.model_path:
             model_path = Path(args.model_path)
