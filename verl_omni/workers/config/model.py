@@ -10,6 +10,7 @@ offload) keep their verl meaning.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,20 @@ class DiffusionModelConfig(BaseConfig):
     def lora_rank(self) -> int:
         """verl's name for the LoRA rank (``FSDPEngine`` reads it)."""
         return self.lora.rank
+
+    @cached_property
+    def tokenizer(self):
+        """The text encoder's tokenizer (``<path>/tokenizer``), what the agent loop turns prompts into ids with."""
+        from transformers import AutoTokenizer
+
+        tokenizer_dir = Path(self.path) / "tokenizer"
+        if not tokenizer_dir.is_dir():
+            raise ValueError(
+                f"model.path={self.path} has no tokenizer/ folder: the agent loop needs the text tokenizer"
+            )
+        return AutoTokenizer.from_pretrained(str(tokenizer_dir))
+
+    @property
+    def processor(self):
+        """No multimodal processor: prompts are text (verl's agent loop reads this attribute)."""
+        return None

@@ -23,6 +23,8 @@ from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_REQUESTS = 8
+# Ray CPUs a CPU-only server actor reserves (its engine's worker processes run outside Ray)
+CPU_SERVER_NUM_CPUS = 1
 
 
 def _engine_dtype(config_dtype: str) -> str:
@@ -103,14 +105,24 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         negative_prompt_ids: list[int] | None = None,
         **kwargs: Any,
     ) -> list[DiffusionOutput]:
-        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch)."""
-        return await self._engine_call(
+        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch).
+
+        Each output's ``extra_fields["request_id"]`` is the id this server ran the request under.
+        """
+        outputs = await self._engine_call(
             request_id,
             num_outputs_per_prompt,
             prompt_ids=prompt_ids,
             sampling_params=sampling_params,
             negative_prompt_ids=negative_prompt_ids,
         )
+        for output in outputs:
+            output.extra_fields["request_id"] = request_id
+        return outputs
+
+    async def request_batch_sizes(self) -> list[int]:
+        """Requests per transformer batch of every rollout forward of this server's engine so far."""
+        return await self.omni.request_batch_sizes()
 
     async def load_lora_tensors(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
         """Push an in-memory LoRA adapter; returns how many modules it binds (never 0: that raises)."""
@@ -164,7 +176,13 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
 
 
 class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
-    """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors."""
+    """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors.
+
+    Standalone on a machine without GPUs, verl's replica would ask Ray for GPU bundles and wait
+    forever; there the replica starts its one server actor directly (no worker group, CPUs only).
+    The replica's server address is its server actor's name: the server has no HTTP endpoint and
+    every replica reports port 0, so ``host:port`` would not tell replicas apart.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -172,3 +190,44 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
 
     def _get_server_name_prefix(self) -> str:
         return "vllm_omni_"
+
+    def _server_name(self, node_rank: int) -> str:
+        return f"{self._get_server_name_prefix()}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+
+    async def init_standalone(self):
+        if _ray_has_gpus():
+            return await super().init_standalone()
+        self.rollout_mode = RolloutMode.STANDALONE
+        await self.launch_servers()
+
+    async def launch_servers(self):
+        if self.workers:
+            await super().launch_servers()
+        else:
+            await self._launch_cpu_server()
+        self._server_address = self._server_name(0)
+
+    async def _launch_cpu_server(self) -> None:
+        """One server actor holding the engine on CPU: no worker group, no GPU bundle."""
+        if self.nnodes != 1:
+            raise ValueError(f"a CPU rollout replica runs on one node, got nnodes={self.nnodes}")
+        server = self.server_class.options(
+            name=self._server_name(0), max_concurrency=self.max_concurrency, num_cpus=CPU_SERVER_NUM_CPUS
+        ).remote(
+            config=self.config,
+            model_config=self.model_config,
+            rollout_mode=self.rollout_mode,
+            workers=[],
+            replica_rank=self.replica_rank,
+            node_rank=0,
+            gpus_per_node=self.gpus_per_replica_node,
+            nnodes=1,
+            cuda_visible_devices="",
+        )
+        self.servers = [server]
+        await server.launch_server.remote()
+        self._server_handle = server
+
+
+def _ray_has_gpus() -> bool:
+    return ray.cluster_resources().get("GPU", 0) > 0

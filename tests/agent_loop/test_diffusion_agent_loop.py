@@ -1,0 +1,256 @@
+"""The diffusion agent loop end to end on CPU: two real vLLM-Omni replicas behind the routing balancer,
+agent-loop workers as Ray actors, streamed rewards from a real reward worker (tiny Qwen-Image, 32x32, 3 steps).
+
+One Ray cluster and one set of replicas for the module; each path's rollout of the shared batch runs once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+N = 4
+PROMPTS = ["a red cat on a chair", "a blue dog near a tree", "a green bird in the sky", "a white boat on a lake"]
+UIDS = [f"uid-{i}" for i in range(len(PROMPTS))]
+STEP = 3
+OVERRIDES = [
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.rollout.height=32",
+    "actor_rollout_ref.rollout.width=32",
+    "actor_rollout_ref.rollout.num_inference_steps=3",
+    "actor_rollout_ref.rollout.sde_window_size=2",
+    "actor_rollout_ref.rollout.seed=11",
+]
+# batched vs per-sample, same seeds: log-probs and latents agree to fp32 batch-composition noise
+LOG_PROB_ATOL = 1e-4
+LATENT_ATOL = 1e-4
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def make_batch(prompts: list[str], uids: list[str], n: int, step: int = STEP):
+    """The trainer's input: each prompt's row repeated ``n`` times, interleaved."""
+    from verl.protocol import DataProto
+
+    def column(values):
+        array = np.empty(len(values), dtype=object)
+        array[:] = values
+        return array
+
+    rows = [i for i in range(len(prompts)) for _ in range(n)]
+    messages = [[{"role": "user", "content": prompts[i]}] for i in rows]
+    array = np.empty(len(rows), dtype=object)
+    for j, m in enumerate(messages):
+        array[j] = m
+    non_tensor = {
+        "raw_prompt": array,
+        "uid": column([uids[i] for i in rows]),
+        "index": np.array(rows, dtype=np.int64),
+        "data_source": column(["unit"] * len(rows)),
+    }
+    return DataProto(batch=None, non_tensor_batch=non_tensor, meta_info={"global_steps": step, "validate": False})
+
+
+def compose(tiny_path, *extra):
+    from verl_omni.utils.config import compose_config
+
+    return compose_config("rollout_standalone", [f"actor_rollout_ref.model.path={tiny_path}", *OVERRIDES, *extra])
+
+
+def request_counts(manager) -> list[int]:
+    """Engine requests served so far by each replica (sum of requests over its transformer batches)."""
+    import ray
+
+    return [sum(sizes) for sizes in ray.get([h.request_batch_sizes.remote() for h in manager.server_handles])]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import ray
+
+    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=12, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def servers(cluster, tiny_qwen_image_path):
+    import ray
+
+    from verl_omni.workers.rollout.llm_server import OmniLLMServerManager
+
+    manager = OmniLLMServerManager.create(compose(tiny_qwen_image_path))
+    yield manager
+    ray.get([h.shutdown.remote() for h in manager.server_handles])
+
+
+@pytest.fixture(scope="module")
+def reward_loop(cluster):
+    from omegaconf import OmegaConf
+
+    from verl_omni.reward_loop.reward_loop import DiffusionRewardLoopManager
+
+    config = OmegaConf.create(
+        {
+            "reward": {
+                "reward_manager": {"source": "register", "name": "diffusion", "module": {"path": None, "name": None}},
+                "custom_reward_function": {"path": None, "name": "compute_score"},
+                "diffusion": {"scorers": [{"type": "jpeg_compressibility"}], "async_reward": True},
+            }
+        }
+    )
+    return DiffusionRewardLoopManager(config)
+
+
+@pytest.fixture(scope="module")
+def batched_run(servers, reward_loop, tiny_qwen_image_path):
+    """The shared batch through the batched path (2 agent-loop workers, streamed rewards)."""
+    from verl_omni.agent_loop import DiffusionAgentLoopManager
+
+    manager = DiffusionAgentLoopManager.create(
+        compose(tiny_qwen_image_path),
+        servers.get_client(),
+        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+    )
+    before = request_counts(servers)
+    output = manager.generate_sequences(make_batch(PROMPTS, UIDS, N))
+    after = request_counts(servers)
+    return manager, output, [a - b for a, b in zip(after, before, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def per_sample_run(servers, tiny_qwen_image_path):
+    """The same batch with ``enable_batched_diffusion=False`` on one agent-loop worker (another split)."""
+    from verl_omni.agent_loop import DiffusionAgentLoopManager
+
+    config = compose(
+        tiny_qwen_image_path,
+        "actor_rollout_ref.rollout.enable_batched_diffusion=False",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+    )
+    manager = DiffusionAgentLoopManager.create(config, servers.get_client())
+    before = request_counts(servers)
+    output = manager.generate_sequences(make_batch(PROMPTS, UIDS, N))
+    after = request_counts(servers)
+    return manager, output, [a - b for a, b in zip(after, before, strict=True)]
+
+
+def expected_replica_of(uid: str, num_replicas: int) -> int:
+    from verl_omni.workers.rollout.routing import stable_hash
+
+    return stable_hash(uid) % num_replicas
+
+
+def test_batched_path_sends_one_engine_request_per_group(batched_run):
+    _, output, served = batched_run
+    assert sum(served) == len(PROMPTS)
+
+
+def test_prompt_uid_affinity_keeps_every_group_on_one_replica(servers, per_sample_run):
+    # 16 separate requests: each replica serves exactly the n rows of the uids hashed to it
+    _, _, served = per_sample_run
+    replica_ids = sorted(servers.server_addresses)
+    expected = [0] * len(replica_ids)
+    for uid in UIDS:
+        expected[expected_replica_of(uid, len(replica_ids))] += N
+    by_address = dict(zip(servers.server_addresses, served, strict=True))
+    assert [by_address[a] for a in replica_ids] == expected
+    assert min(expected) > 0, "the test uids should spread over both replicas"
+
+
+def test_output_follows_the_contract(batched_run):
+    manager, output, _ = batched_run
+    b = len(PROMPTS) * N
+    batch = output.batch
+    assert batch["responses"].shape == (b, 3, 32, 32) and batch["responses"].dtype == torch.uint8
+    assert batch["rollout_log_probs"].shape == (b, 2) and batch["rollout_log_probs"].dtype == torch.float32
+    assert batch["all_latents"].shape[:2] == (b, 3) and batch["all_timesteps"].shape == (b, 2)
+    for key in ("prompt_embeds", "negative_prompt_embeds"):
+        embeds, mask = batch[key], batch[f"{key}_mask"]
+        assert embeds.shape[:2] == mask.shape and embeds.shape[0] == b
+        # right padding: every row's real tokens come first, padded columns are zero
+        lengths = mask.sum(dim=1)
+        assert bool((mask.cumsum(dim=1)[torch.arange(b), lengths - 1] == lengths).all())
+        assert float(embeds[mask == 0].abs().sum()) == 0.0
+    assert output.non_tensor_batch["num_turns"].tolist() == [2] * b
+    assert output.non_tensor_batch["uid"].tolist() == [u for u in UIDS for _ in range(N)]
+    assert output.non_tensor_batch["data_source"].tolist() == ["unit"] * b
+    assert output.meta_info["replay_spec"] == {
+        "num_inference_steps": 3,
+        "height": 32,
+        "width": 32,
+        "noise_level": 0.7,
+        "sde_type": "sde",
+        "true_cfg_scale": 4.0,
+    }
+    assert all(k.startswith("agent_loop/") for k in output.meta_info["timing"])
+
+
+def test_streamed_rewards_land_in_rm_scores(batched_run, reward_loop):
+    _, output, _ = batched_run
+    scores = output.batch["rm_scores"]
+    assert scores.shape == (len(PROMPTS) * N,) and scores.dtype == torch.float32
+    recomputed = reward_loop.compute_rm_score(output).batch["rm_scores"]
+    torch.testing.assert_close(scores, recomputed)
+    assert any(k.startswith("reward/") for k in output.non_tensor_batch)
+
+
+def test_batched_and_per_sample_paths_give_the_same_samples_row_by_row(batched_run, per_sample_run):
+    _, batched, _ = batched_run
+    _, per_sample, served = per_sample_run
+    assert sum(served) == len(PROMPTS) * N
+    assert per_sample.non_tensor_batch["uid"].tolist() == batched.non_tensor_batch["uid"].tolist()
+    for key in ("responses", "all_timesteps", "prompt_embeds_mask"):
+        assert torch.equal(batched.batch[key], per_sample.batch[key]), key
+    log_prob_diff = (batched.batch["rollout_log_probs"] - per_sample.batch["rollout_log_probs"]).abs().max()
+    latent_diff = (batched.batch["all_latents"] - per_sample.batch["all_latents"]).abs().max()
+    print(
+        f"batched vs per-sample: max |d log_prob| {float(log_prob_diff):.3g}, max |d latent| {float(latent_diff):.3g}"
+    )
+    assert float(log_prob_diff) <= LOG_PROB_ATOL and float(latent_diff) <= LATENT_ATOL
+    # the samples of a group differ (own seeds), and groups differ (own prompts)
+    images = batched.batch["responses"]
+    assert not torch.equal(images[0], images[1]) and not torch.equal(images[0], images[N])
+
+
+def test_groups_with_different_prompts_fall_back_to_per_sample_requests(servers, batched_run):
+    manager, _, _ = batched_run
+    prompts = [PROMPTS[0], PROMPTS[1]] * 2
+    batch = make_batch(prompts, ["uid-a"] * 4, 1)
+    batch.meta_info["global_steps"] = STEP + 1
+    before = request_counts(servers)
+    output = manager.generate_sequences(batch)
+    after = request_counts(servers)
+    assert sum(a - b for a, b in zip(after, before, strict=True)) == 4
+    assert len(output) == 4
+
+
+def test_client_forwards_the_callers_request_id(servers, tiny_qwen_image_path):
+    from transformers import AutoTokenizer
+
+    from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(str(Path(tiny_qwen_image_path) / "tokenizer"))
+    ids = prompt_token_ids(tokenizer, PROMPTS[0])
+    params = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_size": 2, "seeds": [5]}
+    client = servers.get_client()
+    single = asyncio.run(client.generate("caller-id-1", prompt_ids=ids, sampling_params=params, routing_key="u"))
+    assert single.extra_fields["request_id"] == "caller-id-1"
+    group = asyncio.run(
+        client.generate_batched(
+            "caller-id-2",
+            prompt_ids=ids,
+            sampling_params={**params, "seeds": [5, 6]},
+            num_outputs_per_prompt=2,
+            routing_key="u",
+        )
+    )
+    assert [o.extra_fields["request_id"] for o in group] == ["caller-id-2"] * 2
+    assert torch.equal(group[0].diffusion_output, single.diffusion_output)

@@ -1,0 +1,70 @@
+"""``DiffusionRolloutConfig`` and its YAML node: every key settable from YAML, bad values name their key."""
+
+import pytest
+
+from verl_omni.workers.config.rollout import DiffusionRolloutConfig
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"server_routing": {"policy": "nearest"}}, "actor_rollout_ref.rollout.server_routing.policy"),
+        ({"sde_window_size": 5, "num_inference_steps": 3}, "actor_rollout_ref.rollout.sde_window_size"),
+        ({"sde_window_size": 0}, "actor_rollout_ref.rollout.sde_window_size"),
+        ({"sde_window_range": [2, 3], "sde_window_size": 2}, "actor_rollout_ref.rollout.sde_window_range"),
+        ({"sde_window_range": [0, 11]}, "actor_rollout_ref.rollout.sde_window_range"),
+        ({"height": 30}, "actor_rollout_ref.rollout.height"),
+        ({"width": 0}, "actor_rollout_ref.rollout.width"),
+        ({"num_inference_steps": 0}, "actor_rollout_ref.rollout.num_inference_steps"),
+        ({"noise_level": 0.0}, "actor_rollout_ref.rollout.noise_level"),
+        ({"val_noise_level": -0.1}, "actor_rollout_ref.rollout.val_noise_level"),
+        ({"sde_type": "ode"}, "actor_rollout_ref.rollout.sde_type"),
+        ({"true_cfg_scale": 0.0}, "actor_rollout_ref.rollout.true_cfg_scale"),
+        ({"n": 0}, "actor_rollout_ref.rollout.n"),
+    ],
+)
+def test_rollout_config_names_the_bad_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        DiffusionRolloutConfig(**kwargs)
+
+
+def test_rollout_config_defaults_to_batched_diffusion_and_uid_affinity():
+    config = DiffusionRolloutConfig()
+    assert config.enable_batched_diffusion is True
+    assert config.server_routing.policy == "prompt_uid_affinity"
+    assert config.agent.default_agent_loop == "diffusion_single_turn"
+    assert config.window_range == [0, config.num_inference_steps]
+
+
+def test_yaml_node_sets_every_diffusion_field_and_builds_the_dataclass(tiny_qwen_image_path):
+    from dataclasses import fields
+
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import RolloutConfig
+
+    from verl_omni.utils.config import compose_config
+    from verl_omni.workers.config.model import DiffusionModelConfig
+
+    config = compose_config("rollout_standalone", [f"actor_rollout_ref.model.path={tiny_qwen_image_path}"])
+    node = config.actor_rollout_ref.rollout
+    own = {f.name for f in fields(DiffusionRolloutConfig)} - {f.name for f in fields(RolloutConfig)}
+    assert own <= set(node.keys()), f"keys missing from rollout/vllm_omni.yaml: {own - set(node.keys())}"
+    rollout = omega_conf_to_dataclass(node)
+    assert isinstance(rollout, DiffusionRolloutConfig) and rollout.name == "vllm_omni"
+    assert rollout.server_routing.routing_key_field == "uid"
+    model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+    assert isinstance(model, DiffusionModelConfig) and model.lora.rank == 32
+    assert model.tokenizer("a cat").input_ids and model.processor is None
+
+
+def test_yaml_override_with_a_bad_value_names_the_key(tiny_qwen_image_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_omni.utils.config import compose_config
+
+    config = compose_config(
+        "rollout_standalone",
+        [f"actor_rollout_ref.model.path={tiny_qwen_image_path}", "actor_rollout_ref.rollout.server_routing.policy=x"],
+    )
+    with pytest.raises(Exception, match=r"actor_rollout_ref\.rollout\.server_routing\.policy='x' is unknown"):
+        omega_conf_to_dataclass(config.actor_rollout_ref.rollout)

@@ -1,0 +1,138 @@
+"""Launching the diffusion rollout servers and requesting them: ``OmniLLMServerManager`` / ``OmniLLMServerClient``.
+
+The same two roles as verl's ``verl/workers/rollout/llm_server.py``, for ``vllm_omni`` replicas:
+
+* :class:`OmniLLMServerManager` launches ``nnodes * n_gpus_per_node / tp`` replicas (standalone, or
+  hybrid on a worker group) and one shared :class:`~verl_omni.workers.rollout.routing.OmniRequestLoadBalancer`
+  actor configured from ``rollout.server_routing``.
+* :class:`OmniLLMServerClient` is what agent loops call: ``generate`` (one sample) and
+  ``generate_batched`` (N samples of one prompt, one engine request). Unlike verl's client it
+  forwards the caller's ``request_id`` unchanged (request tracing, abort by id), and it routes on
+  the caller's ``routing_key`` (the row's ``uid`` by default), so the ``rollout.n`` copies of a
+  prompt land on one replica under ``prompt_uid_affinity``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from verl.utils.config import omega_conf_to_dataclass
+from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
+
+from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer, RolloutServerRoutingConfig
+from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
+
+logger = logging.getLogger(__name__)
+
+
+def routing_config(rollout_config) -> RolloutServerRoutingConfig:
+    """``rollout.server_routing`` as a dataclass, from a dataclass or a (Hydra) dict config."""
+    routing = rollout_config.get("server_routing") if hasattr(rollout_config, "get") else None
+    if routing is None:
+        return RolloutServerRoutingConfig()
+    if isinstance(routing, RolloutServerRoutingConfig):
+        return routing
+    return omega_conf_to_dataclass(routing, dataclass_type=RolloutServerRoutingConfig)
+
+
+class OmniLLMServerClient(LLMServerClient):
+    """Client of the diffusion rollout servers, shared by every agent loop of a worker.
+
+    Both calls reserve a replica from the load balancer with ``routing_key`` (falling back to the
+    request id), call the server with the caller's ``request_id``, and release the replica.
+    """
+
+    def _vllm_request_id(self, request_id: str) -> str:
+        """The id the server sees is the caller's (verl's client replaces it with a fresh uuid)."""
+        return request_id
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        negative_prompt_ids: list[int] | None = None,
+        routing_key: str | None = None,
+        **kwargs: Any,
+    ) -> DiffusionOutput:
+        """One sample of ``prompt_ids`` (templated token ids); ``sampling_params`` as in ``rollout_request``."""
+        return await self._call(
+            "generate",
+            request_id,
+            routing_key,
+            prompt_ids=prompt_ids,
+            sampling_params=sampling_params,
+            negative_prompt_ids=negative_prompt_ids,
+        )
+
+    async def generate_batched(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        num_outputs_per_prompt: int,
+        negative_prompt_ids: list[int] | None = None,
+        routing_key: str | None = None,
+    ) -> list[DiffusionOutput]:
+        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch)."""
+        if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
+            raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
+        return await self._call(
+            "generate_batched",
+            request_id,
+            routing_key,
+            prompt_ids=prompt_ids,
+            sampling_params=sampling_params,
+            num_outputs_per_prompt=num_outputs_per_prompt,
+            negative_prompt_ids=negative_prompt_ids,
+        )
+
+    async def _call(self, method: str, request_id: str, routing_key: str | None, **call_kwargs):
+        """Reserve a replica for ``routing_key``, run ``method`` on its server, release the replica."""
+        key = None if routing_key is None else str(routing_key)
+        server_id, server = await self._acquire_server(request_id, routing_key=key)
+        try:
+            return await getattr(server, method).remote(request_id=self._vllm_request_id(request_id), **call_kwargs)
+        finally:
+            self._release_server(server_id, request_id=request_id)
+
+
+class OmniLLMServerManager(LLMServerManager):
+    """verl's server manager with ``vllm_omni`` replicas and the routing-key load balancer.
+
+    ``OmniLLMServerManager.create(config, worker_group=None)`` launches the replicas (standalone when
+    no worker group is given; on a machine without GPUs no GPU is asked from Ray) and the balancer.
+    ``server_handles`` lists the server actors (LoRA pushes go to each), ``get_client()`` returns an
+    :class:`OmniLLMServerClient`.
+    """
+
+    def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank: int = 0):
+        super().__init__(
+            config,
+            worker_group=worker_group,
+            rollout_resource_pool=rollout_resource_pool,
+            start_rank=start_rank,
+            load_balancer_cls=OmniRequestLoadBalancer,
+        )
+        self.routing = routing_config(self.rollout_config)
+
+    async def _init_global_load_balancer(self) -> None:
+        """One balancer actor with the configured policy (verl's factory would pass only the servers)."""
+        servers = dict(zip(self.server_addresses, self.server_handles, strict=True))
+        if len(servers) != len(self.server_handles):
+            raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
+        self.global_load_balancer = ray.remote(OmniRequestLoadBalancer).remote(
+            servers=servers, max_cache_size=self.routing.max_cache_size, policy=self.routing.policy
+        )
+        logger.info("%d rollout replicas behind policy %s", len(servers), self.routing.policy)
+
+    def get_client(self, client_cls: type[LLMServerClient] | None = None, **kwargs) -> OmniLLMServerClient:
+        """The client agent loops call (``generate`` / ``generate_batched``)."""
+        client_cls = client_cls or OmniLLMServerClient
+        if not issubclass(client_cls, OmniLLMServerClient):
+            raise TypeError(f"client_cls must be an OmniLLMServerClient subclass, got {client_cls!r}")
+        return super().get_client(client_cls=client_cls, **kwargs)
