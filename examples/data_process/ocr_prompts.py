@@ -1,6 +1,6 @@
 """Write an OCR prompt set (prompt quoting the text to render; the text is the ground truth) as parquet.
 
-    python examples/data_process/ocr_prompts.py --out ~/data/ocr --train 2000 --val 64
+python examples/data_process/ocr_prompts.py --out ~/data/ocr --train 2000 --val 64
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Write the built-in tiny prompt set (words the tiny models' tokenizer knows) as parquet.
 
-    python examples/data_process/tiny_prompts.py --out ~/data/tiny_t2i
+python examples/data_process/tiny_prompts.py --out ~/data/tiny_t2i
 """
 
 import argparse

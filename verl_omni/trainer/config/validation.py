@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
@@ -18,6 +17,7 @@ from verl_omni.trainer.config.config import FlowGRPOAlgoConfig, FlowGRPOTrainerC
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.model import DiffusionModelConfig
 from verl_omni.workers.config.reward import DiffusionRewardConfig
+from verl_omni.workers.config.rollout import DiffusionRolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class FlowGRPOConfigs:
 
     actor: DiffusionActorConfig
     model: DiffusionModelConfig
-    rollout: Any
+    rollout: DiffusionRolloutConfig
     reward: DiffusionRewardConfig
     algorithm: FlowGRPOAlgoConfig
     trainer: FlowGRPOTrainerConfig
@@ -84,7 +84,9 @@ def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
     try:
         configs.actor.validate(configs.dp_size)
     except ValueError as e:
-        raise ValueError(f"actor_rollout_ref.{e} (data-parallel size = trainer.nnodes * trainer.n_gpus_per_node)") from e
+        raise ValueError(
+            f"actor_rollout_ref.{e} (data-parallel size = trainer.nnodes * trainer.n_gpus_per_node)"
+        ) from e
 
 
 def _check_phases(configs: FlowGRPOConfigs) -> None:
@@ -121,14 +123,12 @@ def _check_reward_manager(config: DictConfig) -> None:
 
 def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     """Build and cross-check every node; raises ``ValueError`` naming the key at the first problem."""
-    from verl_omni.workers.config.rollout import DiffusionRolloutConfig
-
     configs = FlowGRPOConfigs(
         trainer=_node(config, "trainer"),
         algorithm=_node(config, "algorithm"),
         model=_node(config, "actor_rollout_ref.model"),
         actor=_node(config, "actor_rollout_ref.actor"),
-        rollout=_node(config, "actor_rollout_ref.rollout", DiffusionRolloutConfig),
+        rollout=_node(config, "actor_rollout_ref.rollout"),
         reward=_node(config, "reward.diffusion", DiffusionRewardConfig),
     )
     _check_device(configs.trainer)

@@ -171,7 +171,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
     def _init_rollout(self):
         """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them."""
         from verl_omni.agent_loop import DiffusionAgentLoopManager
-        from verl_omni.workers.rollout.routing import OmniLLMServerManager
+        from verl_omni.workers.rollout.llm_server import OmniLLMServerManager
 
         worker_group = self.actor_rollout_wg if self.colocate else None
         self.llm_server_manager = OmniLLMServerManager.create(self.config, worker_group=worker_group)
@@ -249,7 +249,9 @@ class RayFlowGRPOTrainer(PPOTrainer):
             [f"{prefix}-{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
         )
         batch = batch.repeat(repeat_times=repeat, interleave=True)
-        batch.meta_info.update(global_steps=self.global_steps, validate=validate)
+        # the rollout seeds each row from (rollout.seed, global_steps, row): validation always passes
+        # step 0, so every validation draws the same noise and its grids compare across training
+        batch.meta_info.update(global_steps=0 if validate else self.global_steps, validate=validate)
         return batch
 
     def _generate(self, batch: DataProto, metrics: dict) -> DataProto:
@@ -337,7 +339,11 @@ class RayFlowGRPOTrainer(PPOTrainer):
         grid = save_grid(shown, per_row=int(np.ceil(np.sqrt(len(shown)))), path=path)
         log_image_grid(self.tracker, "val/images", grid, self.global_steps)
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
-        return {"val/score/mean": scores.mean().item(), "val/score/max": scores.max().item(), "val/score/min": scores.min().item()}
+        return {
+            "val/score/mean": scores.mean().item(),
+            "val/score/max": scores.max().item(),
+            "val/score/min": scores.min().item(),
+        }
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})

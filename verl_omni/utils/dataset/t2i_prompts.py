@@ -34,7 +34,11 @@ OCR_WORDS = (
 # to short, different lengths
 TINY_COLORS = ("red", "green", "blue", "yellow", "black", "white", "orange", "purple")
 TINY_THINGS = ("cat", "dog", "bird", "tree", "house", "car", "boat", "flower", "moon", "castle")
-TINY_TEMPLATES = ("a {c} {t}", "a photo of a {c} {t} near a river", "a small {c} {t} on a beach at night under the moon")
+TINY_TEMPLATES = (
+    "a {c} {t}",
+    "a photo of a {c} {t} near a river",
+    "a small {c} {t} on a beach at night under the moon",
+)
 
 
 def _row(prompt: str, ground_truth: str | None, index: int, split: str, data_source: str) -> dict:

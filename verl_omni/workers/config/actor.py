@@ -59,7 +59,9 @@ class DiffusionActorConfig(BaseConfig):
         if self.kl_beta < 0:
             raise ValueError(f"actor.kl_beta must be >= 0, got {self.kl_beta}")
         if self.engine.strategy != "fsdp2":
-            raise ValueError(f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}")
+            raise ValueError(
+                f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}"
+            )
 
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size."""
