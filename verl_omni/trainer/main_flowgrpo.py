@@ -63,8 +63,9 @@ def init_ray(config: DictConfig, device: str) -> None:
 
     if ray.is_initialized():
         return
-    # a loaded machine can take longer than Ray's default 15 s to start the node's agents
+    # a loaded machine can take longer than Ray's defaults (10-15 s) to start the node and its agents
     os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.ray_init).items() if v is not None}
     if device == "cpu" and "address" not in kwargs:
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)

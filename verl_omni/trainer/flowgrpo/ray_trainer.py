@@ -58,6 +58,17 @@ REPLAY_KEYS = (
 )
 
 
+def _restore_info_logging() -> None:
+    """Undo a global ``logging.disable(INFO)`` left behind by vLLM 0.26's ``suppress_logging``.
+
+    It wraps config default factories (``vllm/engine/arg_utils.py``) without try/finally, so when
+    one raises (as on CPU) INFO stays disabled process-wide and the trainer's progress lines vanish.
+    """
+    if logging.root.manager.disable >= logging.INFO:
+        logging.disable(logging.NOTSET)
+        logger.warning("re-enabled INFO logging that vLLM's suppress_logging had left disabled")
+
+
 @register_trainer("flowgrpo")
 class RayFlowGRPOTrainer(PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
@@ -86,6 +97,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self._init_reward()
         self._init_rollout()
         self._load_checkpoint()
+        _restore_info_logging()
 
     def on_init_end(self):
         """A resumed actor's LoRA goes to the rollout before the first step."""

@@ -41,7 +41,8 @@ TINY_TEMPLATES = (
 )
 
 
-def _row(prompt: str, ground_truth: str | None, index: int, split: str, data_source: str) -> dict:
+def prompt_row(prompt: str, ground_truth: str | None, index: int, split: str, data_source: str) -> dict:
+    """One parquet row (see the module docstring)."""
     return {
         "data_source": data_source,
         "prompt": [{"role": "user", "content": prompt}],
@@ -56,7 +57,7 @@ def ocr_rows(num: int, split: str, seed: int = 0, max_words: int = 2) -> list[di
     rows = []
     for index in range(num):
         text = " ".join(rng.choice(OCR_WORDS) for _ in range(rng.randint(1, max_words)))
-        rows.append(_row(rng.choice(OCR_TEMPLATES).format(text=text), text, index, split, "ocr"))
+        rows.append(prompt_row(rng.choice(OCR_TEMPLATES).format(text=text), text, index, split, "ocr"))
     return rows
 
 
@@ -72,7 +73,7 @@ def tiny_rows(split: str) -> list[dict]:
         combos = [c for c in combos if c[0] != TINY_COLORS[0]]
     else:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    return [_row(tpl.format(c=c, t=t), None, i, split, "tiny_t2i") for i, (c, t, tpl) in enumerate(combos)]
+    return [prompt_row(tpl.format(c=c, t=t), None, i, split, "tiny_t2i") for i, (c, t, tpl) in enumerate(combos)]
 
 
 def write_parquet(rows: list[dict], path: str | Path) -> Path:
