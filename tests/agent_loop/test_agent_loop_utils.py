@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from verl_omni.agent_loop.utils import one_row_array, pad_embeds_to, plan_batches, right_pad, sample_seed
+from verl_omni.agent_loop.utils import (
+    chunk_bounds,
+    one_row_array,
+    pad_embeds_to,
+    plan_batches,
+    right_pad,
+    sample_seed,
+)
 
 KEYS = ("raw_prompt", "negative_prompt")
 
@@ -74,3 +81,17 @@ def test_one_row_array_keeps_a_message_list_as_one_element():
     value = [{"role": "user", "content": "a"}]
     array = one_row_array(value)
     assert array.shape == (1,) and array[0] is value
+
+
+@pytest.mark.parametrize(
+    ("rows_", "group", "workers", "expected"),
+    [
+        (16, 4, 2, [(0, 8), (8, 16)]),
+        (12, 4, 2, [(0, 4), (4, 12)]),
+        (8, 4, 8, [(0, 4), (4, 8)]),
+        (6, 4, 2, [(0, 3), (3, 6)]),
+        (1, 1, 4, [(0, 1)]),
+    ],
+)
+def test_chunks_never_cut_a_group_and_cover_every_row(rows_, group, workers, expected):
+    assert chunk_bounds(rows_, group, workers) == expected

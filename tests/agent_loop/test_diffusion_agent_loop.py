@@ -254,3 +254,14 @@ def test_client_forwards_the_callers_request_id(servers, tiny_qwen_image_path):
     )
     assert [o.extra_fields["request_id"] for o in group] == ["caller-id-2"] * 2
     assert torch.equal(group[0].diffusion_output, single.diffusion_output)
+
+
+def test_validation_samples_the_ode_and_returns_images_and_streamed_scores(batched_run):
+    manager, _, _ = batched_run
+    batch = make_batch(PROMPTS[:2], UIDS[:2], 1)
+    batch.meta_info["validate"] = True
+    output = manager.generate_sequences(batch)
+    assert set(output.batch.keys()) == {"responses", "rm_scores"}
+    assert output.batch["responses"].shape == (2, 3, 32, 32)
+    again = manager.generate_sequences(batch)
+    assert torch.equal(output.batch["responses"], again.batch["responses"])

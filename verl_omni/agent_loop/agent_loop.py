@@ -46,6 +46,7 @@ from verl.utils.ray_utils import auto_await, get_event_loop
 from verl_omni.agent_loop.utils import (
     EMBED_KEYS,
     BatchPlan,
+    chunk_bounds,
     one_row_array,
     pad_embeds_to,
     plan_batches,
@@ -320,14 +321,9 @@ class DiffusionAgentLoopManager(AgentLoopManager):
         }
 
     def split(self, prompts: DataProto, group_size: int) -> list[DataProto]:
-        """Contiguous chunks, one per worker at most, cut at multiples of ``group_size`` (groups stay whole)."""
-        if len(prompts) % group_size:
-            group_size = 1
-        num_groups = len(prompts) // group_size
-        num_chunks = min(len(self.agent_loop_workers), num_groups)
-        bounds = [group_size * (num_groups * i // num_chunks) for i in range(num_chunks + 1)]
+        """One contiguous chunk per worker at most, groups of ``group_size`` rows kept whole; each knows its offset."""
         chunks = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for start, end in chunk_bounds(len(prompts), group_size, len(self.agent_loop_workers)):
             chunk = prompts.select_idxs(np.arange(start, end))
             chunk.meta_info = {**prompts.meta_info, "row_offset": start}
             chunks.append(chunk)

@@ -85,6 +85,19 @@ def plan_batches(
     return BatchPlan(n)
 
 
+def chunk_bounds(num_rows: int, group_size: int, num_chunks: int) -> list[tuple[int, int]]:
+    """``(start, end)`` of at most ``num_chunks`` contiguous, balanced chunks that never cut a group of ``group_size``.
+
+    A batch that does not divide into groups is split row by row (its rows then take the per-sample path).
+    """
+    if num_rows % group_size:
+        group_size = 1
+    num_groups = num_rows // group_size
+    num_chunks = max(1, min(num_chunks, num_groups))
+    bounds = [group_size * (num_groups * i // num_chunks) for i in range(num_chunks + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
 def right_pad(tensors: Sequence[torch.Tensor], length: int | None = None) -> torch.Tensor:
     """Stack ``[L_i, ...]`` tensors into ``[B, L, ...]``, zero-padding dim 0 of each up to ``length`` (default: max L_i)."""
     length = max(t.shape[0] for t in tensors) if length is None else length

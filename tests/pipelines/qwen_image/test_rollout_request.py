@@ -41,3 +41,10 @@ def test_unseeded_request_is_rejected():
 def test_unknown_sde_type_is_rejected():
     with pytest.raises(ValueError, match="sde_type"):
         parse_rollout_request({"prompt_ids": IDS}, params(sde_type="ode"), 4)
+
+
+def test_noise_level_zero_is_the_ode_with_no_stochastic_step_and_negative_is_rejected():
+    req = parse_rollout_request({"prompt_ids": IDS}, params(n=2, noise_level=0.0), 4)
+    assert all(level == 0.0 for step in range(4) for level in req.noise_levels_at(step))
+    with pytest.raises(ValueError, match="noise_level"):
+        parse_rollout_request({"prompt_ids": IDS}, params(noise_level=-0.1), 4)

@@ -285,6 +285,22 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         length = int(mask.sum(dim=1).max())
         return embeds[:, :length].detach().cpu(), mask[:, :length].detach().cpu()
 
+    @staticmethod
+    def _window_trajectory(state: RolloutState, rows: range) -> dict[str, torch.Tensor]:
+        """The recorded window of ``rows``; an ODE request (noise level 0) recorded none: W = 0."""
+        if not any(state.window_log_probs[i] for i in rows):
+            latent = state.latents[rows.start]
+            return {
+                "latents": torch.empty(len(rows), 0, *latent.shape),
+                "log_probs": torch.empty(len(rows), 0),
+                "timesteps": torch.empty(len(rows), 0),
+            }
+        return {
+            "latents": torch.stack([torch.stack(state.window_latents[i]) for i in rows]),
+            "log_probs": torch.stack([torch.stack(state.window_log_probs[i]) for i in rows]),
+            "timesteps": torch.stack([torch.stack(state.window_timesteps[i]) for i in rows]),
+        }
+
     def _split_outputs(self, requests, state: RolloutState, images: torch.Tensor, cond: Conditioning):
         outputs = []
         start = 0
@@ -292,9 +308,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             rows = range(start, start + r.num_samples)
             embeds, mask = self._trim(cond.embeds[rows.start : rows.stop], cond.mask[rows.start : rows.stop])
             trajectory = {
-                "latents": torch.stack([torch.stack(state.window_latents[i]) for i in rows]),
-                "log_probs": torch.stack([torch.stack(state.window_log_probs[i]) for i in rows]),
-                "timesteps": torch.stack([torch.stack(state.window_timesteps[i]) for i in rows]),
+                **self._window_trajectory(state, rows),
                 "window_start": torch.tensor(r.window_starts),
                 "prompt_embeds": embeds,
                 "prompt_embeds_mask": mask,

@@ -8,7 +8,8 @@ else shares its transformer batch.
 
 ``extra_args`` keys (all optional):
     sde_type (`str`, ``"sde"``): ``"sde"`` or ``"cps"``.
-    noise_level (`float`, 0.7): a > 0 inside the SDE window.
+    noise_level (`float`, 0.7): a > 0 inside the SDE window; 0 samples the deterministic ODE and
+        records no transition (validation).
     sde_window_size (`int`, 2): W, the number of stochastic, recorded steps.
     sde_window_range (`[int, int]`, ``[0, num_steps]``): steps the window may cover.
     seeds (`list[int]`, ``[seed + i for i < N]``): one seed per output sample.
@@ -110,8 +111,8 @@ def parse_rollout_request(prompt: Any, sampling_params: Any, num_steps: int) -> 
     if sde_type not in SDE_TYPES:
         raise ValueError(f"extra_args['sde_type'] must be one of {SDE_TYPES}, got {sde_type!r}")
     noise_level = float(extra.get("noise_level", DEFAULT_NOISE_LEVEL))
-    if not noise_level > 0:
-        raise ValueError(f"extra_args['noise_level'] must be > 0, got {noise_level}")
+    if not noise_level >= 0:
+        raise ValueError(f"extra_args['noise_level'] must be >= 0 (0 = ODE, nothing recorded), got {noise_level}")
     window_size = int(extra.get("sde_window_size", DEFAULT_WINDOW_SIZE))
     window_range = tuple(extra.get("sde_window_range") or (0, num_steps))
     starts = [sample_sde_window_start(seed, num_steps, window_size, window_range) for seed in seeds]

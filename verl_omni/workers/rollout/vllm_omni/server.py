@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 import torch
+from verl.utils.device import get_device_name
 from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
@@ -178,8 +179,9 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
 class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
     """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors.
 
-    Standalone on a machine without GPUs, verl's replica would ask Ray for GPU bundles and wait
-    forever; there the replica starts its one server actor directly (no worker group, CPUs only).
+    On a machine without an accelerator (verl's platform is ``cpu``), verl's replica would ask Ray for GPU bundles (standalone) or
+    read the workers' GPU ids (hybrid) and fail; there the replica starts its one server actor
+    directly (CPUs only; the engine runs in the server's own worker processes in every mode).
     The replica's server address is its server actor's name: the server has no HTTP endpoint and
     every replica reports port 0, so ``host:port`` would not tell replicas apart.
     """
@@ -195,13 +197,13 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
         return f"{self._get_server_name_prefix()}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
 
     async def init_standalone(self):
-        if _ray_has_gpus():
+        if _on_accelerator():
             return await super().init_standalone()
         self.rollout_mode = RolloutMode.STANDALONE
         await self.launch_servers()
 
     async def launch_servers(self):
-        if self.workers:
+        if _on_accelerator():
             await super().launch_servers()
         else:
             await self._launch_cpu_server()
@@ -229,5 +231,6 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
         self._server_handle = server
 
 
-def _ray_has_gpus() -> bool:
-    return ray.cluster_resources().get("GPU", 0) > 0
+def _on_accelerator() -> bool:
+    """verl's platform in this process has a device (``cpu`` is verl_omni's CPU platform)."""
+    return get_device_name() != "cpu"
