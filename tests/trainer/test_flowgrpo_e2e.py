@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import by_step, run_trainer
 
-pytestmark = pytest.mark.slow
+# a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # fp32 CPU bound of docs/actor.md: the rollout's and the actor's transformers differ in op order only
 LOGPROB_BOUND = 1e-5

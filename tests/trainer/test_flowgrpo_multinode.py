@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from trainer_helpers import by_step, run_trainer
 
-pytestmark = pytest.mark.slow
+# a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 RAY = str(Path(sys.executable).parent / "ray")
 CPUS_PER_NODE = 6
