@@ -179,9 +179,10 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
 class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
     """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors.
 
-    On a machine without an accelerator (verl's platform is ``cpu``), verl's replica would ask Ray for GPU bundles (standalone) or
-    read the workers' GPU ids (hybrid) and fail; there the replica starts its one server actor
-    directly (CPUs only; the engine runs in the server's own worker processes in every mode).
+    On a machine without an accelerator (verl's platform is ``cpu``), verl's replica would ask Ray
+    for GPU bundles (standalone) or read the workers' GPU ids (hybrid) and fail; there the replica
+    starts its one server actor directly (CPUs only; the engine runs in the server's own worker
+    processes in every mode).
     The replica's server address is its server actor's name: the server has no HTTP endpoint and
     every replica reports port 0, so ``host:port`` would not tell replicas apart.
     """
