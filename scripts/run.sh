@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Install (if needed) and run the main job on its built-in default: the tiny random Qwen-Image on
-# CPU. Extra arguments go to the job. Until the distributed trainer lands this is the one-process
-# Flow-GRPO sanity step (sample with log-probs, reward, replay, update); outputs under outputs/.
+# Install (if needed) and run the main job on its built-in default: Flow-GRPO training
+# (python -m verl_omni.trainer.main_flowgrpo) of a LoRA on the tiny random Qwen-Image on CPU, with
+# the built-in prompts and the toy brightness reward. Extra arguments are Hydra overrides.
+# Outputs (metrics.jsonl, image grids, LoRA checkpoints) under outputs/flowgrpo/; see docs/trainer.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
-exec .venv/bin/python -m verl_omni.trainer.sanity_step "$@"
+exec .venv/bin/python -m verl_omni.trainer.main_flowgrpo "$@"

@@ -10,7 +10,7 @@ from reward_loop_helpers import make_config, make_data, make_images
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 
 from verl_omni.reward_loop import DiffusionRewardManager
-from verl_omni.reward_loop.reward_loop import _diffusion_manager_cls
+from verl_omni.reward_loop.reward_loop import diffusion_manager_cls
 from verl_omni.reward_loop.reward_manager import ground_truth_text, prompt_text
 from verl_omni.utils.reward_score import ScorerError
 from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
@@ -23,14 +23,14 @@ def ocr_entry(url, required):
 
 def test_diffusion_is_registered_in_verls_reward_manager_registry():
     assert get_reward_manager_cls("diffusion") is DiffusionRewardManager
-    assert _diffusion_manager_cls(make_config(scorers=[{"type": "jpeg_compressibility"}])) is DiffusionRewardManager
+    assert diffusion_manager_cls(make_config(scorers=[{"type": "jpeg_compressibility"}])) is DiffusionRewardManager
 
 
 def test_a_text_reward_manager_is_refused_by_name():
     config = make_config(scorers=[{"type": "jpeg_compressibility"}])
     config.reward.reward_manager.name = "naive"
     with pytest.raises(ValueError, match="reward.reward_manager.name='naive'.*cannot score images"):
-        _diffusion_manager_cls(config)
+        diffusion_manager_cls(config)
 
 
 def test_run_batch_scores_each_sample_and_marks_excluded_optional_scorer(refusing_url):

@@ -29,6 +29,7 @@ def test_importing_verl_alone_registers_everything(fresh_python):
     stdout = fresh_python(code)
     assert "algos ['flow_grpo'] ['flow_grpo']" in stdout
     for scorer in (
+        "brightness",
         "jpeg_compressibility",
         "jpeg_incompressibility",
         "ocr",

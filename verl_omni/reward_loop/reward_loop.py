@@ -27,7 +27,7 @@ from verl_omni.workers.config.reward import DiffusionRewardConfig
 logger = logging.getLogger(__name__)
 
 
-def _diffusion_manager_cls(config) -> type[DiffusionRewardManager]:
+def diffusion_manager_cls(config) -> type[DiffusionRewardManager]:
     """The reward manager class named by ``reward.reward_manager``; it must be a diffusion one."""
     manager_cls = resolve_reward_manager_cls(config)
     if not (isinstance(manager_cls, type) and issubclass(manager_cls, DiffusionRewardManager)):
@@ -47,7 +47,7 @@ class DiffusionRewardLoopWorker(RewardLoopWorker):
 
     def _init_reward_fn(self):
         """Called by verl's ``RewardLoopWorker.__init__``: build the diffusion reward manager."""
-        self.reward_manager = _diffusion_manager_cls(self.config)(self.config)
+        self.reward_manager = diffusion_manager_cls(self.config)(self.config)
 
     async def compute_score_batch(self, data: DataProto) -> list[dict]:
         """Score a chunk; batched scorers see the whole chunk at once."""
@@ -76,7 +76,7 @@ class DiffusionRewardLoopManager(RewardLoopManager):
             )
         self.reward_model_manager = None
         self.reward_router_address = None
-        self.reward_manager_cls = _diffusion_manager_cls(config)
+        self.reward_manager_cls = diffusion_manager_cls(config)
         self.reward_loop_workers_class = ray.remote(DiffusionRewardLoopWorker)
         self._init_reward_loop_workers()
 

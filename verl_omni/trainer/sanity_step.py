@@ -36,6 +36,7 @@ from verl_omni.pipelines.schedulers import (
     window_noise_levels,
 )
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
+from verl_omni.utils.image_grid import save_grid
 from verl_omni.workers.utils.replay import ReplaySpec, num_replay_steps, prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace) -> dict:
         delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["log_probs"]).mean(dim=1)
 
     logger.info("[4/4] writing images and metrics to %s", out)
-    _save_grid(images, args.n, out / "samples.png")
+    save_grid(images, args.n, out / "samples.png")
     result = {
         "reward_mean": scores.mean().item(),
         "advantage_abs_mean": adv.abs().mean().item(),
@@ -218,17 +219,6 @@ def run(args: argparse.Namespace) -> dict:
     }
     (out / "metrics.json").write_text(json.dumps(result, indent=2))
     return result
-
-
-def _save_grid(images: torch.Tensor, per_row: int, path: Path) -> None:
-    from PIL import Image
-
-    b, c, h, w = images.shape
-    rows = (b + per_row - 1) // per_row
-    grid = torch.zeros(c, rows * h, per_row * w, dtype=torch.uint8)
-    for i, img in enumerate(images):
-        grid[:, (i // per_row) * h : (i // per_row + 1) * h, (i % per_row) * w : (i % per_row + 1) * w] = img
-    Image.fromarray(grid.permute(1, 2, 0).numpy()).save(path)
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,8 @@
-"""JPEG (in)compressibility scorers: no model, real PIL encoding."""
+"""Model-free scorers: JPEG (in)compressibility (real PIL encoding) and the toy brightness."""
 
 import asyncio
 
+import pytest
 import torch
 
 from verl_omni.utils.reward_score import ScoreBatch, get_scorer_cls
@@ -23,3 +24,12 @@ def test_jpeg_incompressibility_orders_noise_above_flat_image():
     flat, noise = asyncio.run(get_scorer_cls("jpeg_incompressibility")().score(flat_and_noise()))
     assert noise > flat > 0
     assert noise > 5 * flat
+
+
+def test_brightness_is_mean_pixel_value_over_255():
+    black_white = ScoreBatch(
+        torch.stack([torch.zeros(3, 8, 8), torch.full((3, 8, 8), 255.0)]).to(torch.uint8), ["a", "b"]
+    )
+    assert asyncio.run(get_scorer_cls("brightness")().score(black_white)) == [0.0, 1.0]
+    flat, noise = asyncio.run(get_scorer_cls("brightness")().score(flat_and_noise()))
+    assert flat == pytest.approx(128 / 255) and 0.45 < noise < 0.55

@@ -5,7 +5,7 @@ Importing this package registers every built-in scorer; heavy models load lazily
 
 from verl_omni.utils.reward_score.base import Scorer, ScoreBatch, ScorerError, build_params, check_scores  # noqa: I001
 from verl_omni.utils.reward_score.registry import SCORERS, available_scorers, get_scorer_cls, register_scorer
-from verl_omni.utils.reward_score import aesthetic, clip, http_scorer, jpeg, ocr  # noqa: F401  (registration)
+from verl_omni.utils.reward_score import aesthetic, brightness, clip, http_scorer, jpeg, ocr  # noqa: F401  (registration)
 from verl_omni.utils.reward_score.multi import MultiReward, MultiRewardResult, reward_metrics
 
 __all__ = [

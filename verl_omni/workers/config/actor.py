@@ -1,13 +1,16 @@
-"""Config of the Flow-GRPO actor update (the ``actor_rollout_ref.actor`` node, diffusion fields).
+"""Config of the Flow-GRPO actor update (the ``actor_rollout_ref.actor`` node).
 
-Engine and optimizer settings reuse verl's ``FSDPEngineConfig`` and ``FSDPOptimizerConfig``.
+Engine, optimizer and checkpoint settings are verl's ``FSDPEngineConfig``, ``FSDPOptimizerConfig``
+and ``CheckpointConfig``, nested under ``engine``, ``optim`` and ``checkpoint`` as in verl's actor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verl.base_config import BaseConfig
+from verl.trainer.config import CheckpointConfig
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
 
 
 @dataclass
@@ -24,6 +27,14 @@ class DiffusionActorConfig(BaseConfig):
         clip_ratio (float): ε of the ratio clip (1e-4 with ``sde`` in Flow-GRPO).
         kl_beta (float): β of the KL to the reference (LoRA disabled); 0 skips the reference.
         seed (int): shuffling seed.
+        use_rollout_log_probs (bool): take log π_old from the rollout's ``rollout_log_probs``
+            instead of recomputing it with the actor (skips the ``old_log_prob`` phase). Valid
+            because the rollout always samples with the actor's current weights (synced every
+            step); the two agree to numerics (``docs/actor.md``).
+        engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
+        optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
+        checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA and
+            exact-resume state, ``docs/actor.md``).
     """
 
     ppo_mini_batch_size: int = 8
@@ -34,6 +45,10 @@ class DiffusionActorConfig(BaseConfig):
     clip_ratio: float = 1e-4
     kl_beta: float = 0.0
     seed: int = 0
+    use_rollout_log_probs: bool = False
+    engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
+    optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self):
         for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
@@ -43,6 +58,10 @@ class DiffusionActorConfig(BaseConfig):
             raise ValueError(f"actor.clip_ratio must be > 0, got {self.clip_ratio}")
         if self.kl_beta < 0:
             raise ValueError(f"actor.kl_beta must be >= 0, got {self.kl_beta}")
+        if self.engine.strategy != "fsdp2":
+            raise ValueError(
+                f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}"
+            )
 
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size."""

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Flow-GRPO on Qwen-Image with a LoRA, OCR reward (the known-good recipe): 512x512, 10 steps,
+# true CFG 4, SDE window of 2 steps in [0, 5], noise level 1.2, LoRA r64, 16 samples per prompt.
+#
+# Needs: a diffusers Qwen-Image directory (MODEL_PATH), the OCR prompt set
+# (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
+# server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
+# One GPU: the rollout replica and the actor share it (NGPUS=1); more GPUs: NGPUS actor ranks and
+# as many rollout replicas. Extra arguments are Hydra overrides. See docs/trainer.md.
+set -euo pipefail
+
+MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen-Image}
+DATA_DIR=${DATA_DIR:-$HOME/data/ocr}
+OCR_URL=${OCR_URL:-http://127.0.0.1:8000/v1}
+OCR_MODEL=${OCR_MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
+NGPUS=${NGPUS:-1}
+NNODES=${NNODES:-1}
+OUT=${OUT:-outputs/flowgrpo/qwen_image_ocr_lora}
+
+python3 -m verl_omni.trainer.main_flowgrpo \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.lora.rank=64 \
+    actor_rollout_ref.model.lora.alpha=128 \
+    actor_rollout_ref.rollout.height=512 \
+    actor_rollout_ref.rollout.width=512 \
+    actor_rollout_ref.rollout.num_inference_steps=10 \
+    actor_rollout_ref.rollout.true_cfg_scale=4.0 \
+    actor_rollout_ref.rollout.noise_level=1.2 \
+    actor_rollout_ref.rollout.sde_type=sde \
+    actor_rollout_ref.rollout.sde_window_size=2 \
+    actor_rollout_ref.rollout.sde_window_range=[0,5] \
+    actor_rollout_ref.rollout.n=16 \
+    actor_rollout_ref.rollout.enable_batched_diffusion=True \
+    actor_rollout_ref.rollout.dtype=bfloat16 \
+    actor_rollout_ref.rollout.nnodes="$NNODES" \
+    actor_rollout_ref.rollout.n_gpus_per_node="$NGPUS" \
+    actor_rollout_ref.rollout.agent.num_workers=2 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=32 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.clip_ratio=1e-4 \
+    actor_rollout_ref.actor.kl_beta=0.04 \
+    actor_rollout_ref.actor.optim.lr=3e-4 \
+    actor_rollout_ref.actor.optim.weight_decay=1e-4 \
+    actor_rollout_ref.actor.optim.clip_grad=1.0 \
+    actor_rollout_ref.actor.engine.seed=42 \
+    data.train_files="$DATA_DIR/train.parquet" \
+    data.val_files="$DATA_DIR/val.parquet" \
+    data.train_batch_size=4 \
+    data.val_batch_size=16 \
+    'reward.diffusion.scorers=[{type: ocr, weight: 1.0, params: {url: '"$OCR_URL"', model: '"$OCR_MODEL"'}}]' \
+    reward.diffusion.num_workers=1 \
+    trainer.device=cuda \
+    trainer.nnodes="$NNODES" \
+    trainer.n_gpus_per_node="$NGPUS" \
+    trainer.experiment_name=qwen_image_ocr_lora \
+    trainer.default_local_dir="$OUT" \
+    trainer.logger='["console","file","tensorboard"]' \
+    trainer.total_training_steps=300 \
+    trainer.save_freq=25 \
+    trainer.test_freq=25 \
+    trainer.val_grid_images=16 \
+    "$@"

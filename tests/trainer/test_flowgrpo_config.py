@@ -1,0 +1,124 @@
+"""``main_flowgrpo`` config: bad values fail before Ray starts, naming the key; the YAML tree stays documented and generated."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "verl_omni" / "trainer" / "config"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
+
+    return ensure_tiny_prompts(tmp_path_factory.mktemp("prompts"))
+
+
+@pytest.fixture
+def compose(tiny_qwen_image_path, prompts, tmp_path):
+    """The trainer config on the session's tiny model and prompts, plus ``overrides``."""
+    from verl_omni.utils.config import compose_config
+
+    def build(*overrides: str):
+        train, val = prompts
+        base = [
+            f"actor_rollout_ref.model.path={tiny_qwen_image_path}",
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ]
+        return compose_config("flowgrpo_trainer", base + list(overrides))
+
+    return build
+
+
+def test_default_config_validates(compose):
+    from verl_omni.trainer.config.validation import validate_config
+
+    configs = validate_config(compose())
+    assert configs.rollout.n * 4 == configs.actor.ppo_mini_batch_size
+    assert configs.reward.scorers[0].type == "brightness"
+    assert configs.actor.engine.strategy == "fsdp2"
+
+
+BAD_CONFIGS = [
+    (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model"),
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], "actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (["trainer.n_gpus_per_node=3"], "ppo_mini_batch_size"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], "ppo_micro_batch_size_per_gpu"),
+    (["reward.diffusion.scorers=[{type: sharpness}]"], r"reward.diffusion.scorers\[0\].type"),
+    (["reward.reward_manager.name=naive"], "reward.reward_manager.name"),
+    (["algorithm.adv_estimator=dance_grpo"], "algorithm.adv_estimator"),
+    (["actor_rollout_ref.actor.policy_loss=dpo"], "actor_rollout_ref.actor.policy_loss"),
+    (["actor_rollout_ref.actor.kl_beta=0.04", "actor_rollout_ref.model.lora.rank=0"], "kl_beta"),
+    (["data.train_files=/nonexistent/train.parquet"], "data.train_files"),
+    (["trainer.logger=[console,nowhere]"], "trainer.logger"),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path"),
+    (["actor_rollout_ref.rollout.height=40"], "actor_rollout_ref.rollout.height"),
+    (["actor_rollout_ref.actor.engine.strategy=fsdp"], "actor.engine.strategy"),
+    (["data.train_batch_size=0"], "data.train_batch_size"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key"), BAD_CONFIGS, ids=[o[1] for o in BAD_CONFIGS])
+def test_bad_config_fails_before_ray_starts_naming_the_key(compose, overrides, key):
+    import ray
+
+    from verl_omni.trainer.main_flowgrpo import run_flowgrpo
+
+    with pytest.raises(ValueError, match=key):
+        run_flowgrpo(compose(*overrides))
+    assert not ray.is_initialized()
+
+
+def test_builtin_paths_resolve_to_built_files(tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl_omni.trainer.main_flowgrpo import resolve_builtin_paths
+
+    config = OmegaConf.create(
+        {
+            "trainer": {"builtin_dir": str(tmp_path)},
+            "actor_rollout_ref": {"model": {"path": "/given/model"}},
+            "data": {"train_files": "builtin://tiny_prompts/train.parquet", "val_files": "builtin://nothing"},
+        }
+    )
+    with pytest.raises(ValueError, match="unknown built-in builtin://nothing"):
+        resolve_builtin_paths(config)
+    assert config.actor_rollout_ref.model.path == "/given/model"
+    assert Path(config.data.train_files) == tmp_path / "tiny_prompts" / "train.parquet"
+    assert Path(config.data.train_files).is_file()
+
+
+def test_generated_config_is_in_sync_with_the_yaml_tree():
+    from verl_omni.trainer.config.generate import GENERATED, render
+
+    assert GENERATED.read_text() == render(), "stale: run scripts/generate_trainer_config.sh"
+
+
+def _key_lines(lines: list[str]):
+    """``(number, line)`` of every mapping key outside list items (list entries are documented as a whole)."""
+    list_indent = None
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if not stripped or stripped.startswith("#"):
+            continue
+        if list_indent is not None and indent > list_indent:
+            continue
+        list_indent = indent if stripped.startswith("- ") else None
+        if list_indent is None:
+            yield number, line
+
+
+@pytest.mark.parametrize("path", sorted(p for p in CONFIG_DIR.rglob("*.yaml") if not p.name.startswith("_")), ids=str)
+def test_every_yaml_key_has_a_comment_above_and_no_inline_comment(path):
+    lines = path.read_text().splitlines()
+    for number, line in _key_lines(lines):
+        value = line.split(":", 1)[1] if ":" in line else ""
+        assert not re.search(r"\s#", value), f"{path.name}:{number}: inline comment in {line.strip()!r}"
+        assert lines[number - 2].strip().startswith("#"), f"{path.name}:{number}: no comment above {line.strip()!r}"

@@ -1,0 +1,151 @@
+"""``python -m verl_omni.trainer.main_flowgrpo`` end to end on the tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
+
+Three trainer runs (each a subprocess of the real entry point, its own local Ray), shared by
+the tests below:
+
+* ``one``: 1 rollout replica + 1 actor rank, 2 steps, the actor recomputes log π_old;
+* ``two``: 2 replicas + 2 actor ranks, 3 steps, log π_old from the rollout, a checkpoint every step;
+* ``resumed``: ``two``'s directory as it was after step 2 (step 3's checkpoint removed), resumed.
+
+Prompts have different token lengths (the rollout right-pads ``prompt_embeds``; the actor must
+replay the padded batch exactly). CFG 4, so the negative embeddings travel too.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from trainer_helpers import by_step, run_trainer
+
+# a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+# fp32 CPU bound of docs/actor.md: the rollout's and the actor's transformers differ in op order only
+LOGPROB_BOUND = 1e-5
+STEP_KEYS = (
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/update_actor",
+    "timing_s/sync",
+    "timing_s/step",
+    "perf/images_per_s",
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "critic/score/zero_std_group_frac",
+    "actor/logprob_diff_max",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "sync/lora_modules_bound_min",
+)
+
+
+@pytest.fixture(scope="module")
+def one(tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    records, wall = run_trainer(
+        out, tiny_qwen_image_path, prompt_files, "trainer.total_training_steps=2", "trainer.test_freq=2"
+    )
+    print(f"1 replica + 1 rank, 2 steps: {wall:.0f} s")
+    return out, records
+
+
+@pytest.fixture(scope="module")
+def two(tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("two") / "run"
+    records, wall = run_trainer(
+        out,
+        tiny_qwen_image_path,
+        prompt_files,
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=3",
+        "trainer.save_freq=1",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.use_rollout_log_probs=true",
+    )
+    print(f"2 replicas + 2 ranks, 3 steps: {wall:.0f} s")
+    return out, records
+
+
+@pytest.fixture(scope="module")
+def resumed(two, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    """``two`` stopped after step 2: its directory without step 3's checkpoint, resumed to step 3."""
+    source, _ = two
+    out = tmp_path_factory.mktemp("resumed") / "run"
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("global_step_3"))
+    (out / "latest_checkpointed_iteration.txt").write_text("2")
+    records, wall = run_trainer(
+        out,
+        tiny_qwen_image_path,
+        prompt_files,
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=3",
+        "trainer.save_freq=1",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.use_rollout_log_probs=true",
+        "trainer.val_before_train=false",
+    )
+    print(f"resume at step 2, 1 step: {wall:.0f} s")
+    return out, records
+
+
+def lora_b_norm(run: Path, step: int) -> float:
+    from safetensors.torch import load_file
+
+    tensors = load_file(run / f"global_step_{step}" / "actor" / "lora" / "pytorch_lora_weights.safetensors")
+    return sum(float(t.norm()) for name, t in tensors.items() if "lora_B" in name)
+
+
+def image_of(path: Path):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(path))
+
+
+def check_run(run: Path, records: list[dict], steps: int, extra_keys: tuple[str, ...]) -> None:
+    """Every step logged with the required keys, log-probs consistent, LoRA trained and synced."""
+    metrics = by_step(records)
+    assert sorted(metrics) == list(range(steps + 1)), "one record per step, step 0 = validation before training"
+    for step in range(1, steps + 1):
+        missing = [k for k in STEP_KEYS + extra_keys if k not in metrics[step]]
+        assert not missing, f"step {step} lacks {missing}"
+        assert metrics[step]["actor/logprob_diff_max"] <= LOGPROB_BOUND
+        assert metrics[step]["sync/lora_modules_bound_min"] > 0
+        assert metrics[step]["perf/images_per_s"] > 0
+    # LoRA B starts at zero: a non-zero B is a trained LoRA
+    assert lora_b_norm(run, steps) > 0
+    # validation uses the same seeds every time (ODE): different images after training = the rollout uses the LoRA
+    before, after = image_of(run / "images" / "val_step_0.png"), image_of(run / "images" / f"val_step_{steps}.png")
+    assert before.shape == after.shape and (before != after).any()
+    assert {"val/score/mean", "val/score/max", "val/score/min"} <= set(metrics[steps])
+
+
+def test_one_replica_one_rank_trains_logs_and_syncs(one):
+    run, records = one
+    check_run(run, records, 2, extra_keys=("timing_s/old_log_prob", "old_log_prob/rollout_diff_max"))
+    for record in records[1:]:
+        assert record["data"]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
+
+
+def test_two_replicas_two_ranks_train_with_rollout_log_probs(two):
+    run, records = two
+    check_run(run, records, 3, extra_keys=())
+    assert "timing_s/old_log_prob" not in by_step(records)[1], "bypass mode skips the phase"
+    assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1", "global_step_2", "global_step_3"]
+
+
+def test_resume_after_step_2_reproduces_step_3_and_keeps_the_metrics_file(two, resumed):
+    _, uninterrupted = two
+    _, records = resumed
+    assert [r["step"] for r in records] == [0, 1, 2, 3], "earlier steps kept, step 3 appended once"
+    assert by_step(records)[2] == by_step(uninterrupted)[2]
+    expected, got = by_step(uninterrupted)[3], by_step(records)[3]
+    compared = [k for k in expected if k.startswith(("critic/", "actor/", "val/", "reward/"))]
+    assert len(compared) > 10
+    for key in compared:
+        assert got[key] == pytest.approx(expected[key], rel=1e-6, abs=1e-9), key

@@ -1,0 +1,123 @@
+"""Dataclasses of the ``trainer`` and ``algorithm`` nodes of ``flowgrpo_trainer.yaml``.
+
+The ``trainer`` keys keep verl's ``ppo_trainer.yaml`` names and meaning (the checkpoint and
+resume code of verl's v1 trainer reads them); the diffusion-specific ones are documented here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verl.base_config import BaseConfig
+
+LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+@dataclass
+class FlowGRPOAlgoConfig(BaseConfig):
+    """The advantage estimator (``algorithm``).
+
+    Args:
+        adv_estimator (str): name in the advantage registry (``flow_grpo``).
+        global_std (bool): normalize by the std over the whole batch (True) or per prompt group.
+        epsilon (float): added to the std, so zero-variance groups get advantage 0.
+        adv_clip_max (float): advantages are clipped to ±adv_clip_max.
+    """
+
+    adv_estimator: str = "flow_grpo"
+    global_std: bool = True
+    epsilon: float = 1e-4
+    adv_clip_max: float = 5.0
+
+    def __post_init__(self):
+        from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
+
+        try:
+            get_adv_estimator_fn(self.adv_estimator)
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"algorithm.adv_estimator: {e}") from None
+        for key in ("epsilon", "adv_clip_max"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+
+
+@dataclass
+class FlowGRPOTrainerConfig(BaseConfig):
+    """The run: devices, length, logging, checkpoints, validation (``trainer``).
+
+    Args:
+        project_name (str): tracker project.
+        experiment_name (str): tracker run name.
+        logger (list[str]): ``Tracking`` backends: console, file (``metrics.jsonl`` under
+            ``default_local_dir``), tensorboard (``tensorboard/`` under it), wandb, ...
+        nnodes (int): nodes of the actor worker group.
+        n_gpus_per_node (int): actor ranks per node (devices on GPU, processes on CPU).
+        device (str | None): ``cuda`` or ``cpu``; None picks cuda when available.
+        total_epochs (int): passes over the training prompts.
+        total_training_steps (int | None): stop after this many steps (None: epochs decide).
+        save_freq (int): checkpoint every this many steps and at the last one; <= 0 never.
+        test_freq (int): validate every this many steps and at the last one; <= 0 never.
+        val_before_train (bool): validate once before the first step.
+        val_grid_images (int): at most this many validation images in the logged grid.
+        default_local_dir (str): the run's directory: checkpoints, ``metrics.jsonl``, image grids.
+        default_hdfs_dir (str | None): not supported (must be None).
+        resume_mode (str): ``auto`` (latest ``global_step_*`` in ``default_local_dir``),
+            ``disable``, or ``resume_path`` (``resume_from_path``).
+        resume_from_path (str | None): a ``global_step_<N>`` directory, for ``resume_path``.
+        del_local_ckpt_after_load (bool): verl's key; must stay False.
+        max_actor_ckpt_to_keep (int | None): verl's key; keep all when None.
+        checkpoint_callback_class (str | None): verl's checkpoint callback hook (a class path).
+        colocate_rollout (bool): place the rollout servers on the actor's devices (verl's
+            colocated mode) and put them to sleep during the actor phases; False runs them
+            standalone (side by side on a shared GPU, or on their own devices).
+        builtin_dir (str): where ``builtin://`` paths (tiny model, built-in prompts) are built once.
+    """
+
+    project_name: str = "verl_omni"
+    experiment_name: str = "flowgrpo"
+    logger: list = field(default_factory=lambda: ["console", "file"])
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    device: str | None = None
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    val_grid_images: int = 16
+    default_local_dir: str = "outputs/flowgrpo"
+    default_hdfs_dir: str | None = None
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    del_local_ckpt_after_load: bool = False
+    max_actor_ckpt_to_keep: int | None = None
+    checkpoint_callback_class: str | None = None
+    colocate_rollout: bool = False
+    builtin_dir: str = "outputs/builtin"
+
+    def __post_init__(self):
+        backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)
+        unknown = [b for b in backends if b not in LOGGER_BACKENDS]
+        if unknown:
+            raise ValueError(f"trainer.logger has unknown backend(s) {unknown}; available: {list(LOGGER_BACKENDS)}")
+        for key in ("nnodes", "n_gpus_per_node", "total_epochs", "val_grid_images"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
+        if self.total_training_steps is not None and self.total_training_steps < 1:
+            raise ValueError(f"trainer.total_training_steps must be >= 1 or null, got {self.total_training_steps}")
+        if self.device not in (None, "cuda", "cpu"):
+            raise ValueError(f"trainer.device must be 'cuda', 'cpu' or null (auto), got {self.device!r}")
+        if self.resume_mode not in RESUME_MODES:
+            raise ValueError(f"trainer.resume_mode must be one of {RESUME_MODES}, got {self.resume_mode!r}")
+        if self.resume_mode == "resume_path" and "global_step_" not in str(self.resume_from_path):
+            raise ValueError(
+                f"trainer.resume_from_path={self.resume_from_path!r} must be a global_step_<N> checkpoint "
+                "directory when trainer.resume_mode=resume_path"
+            )
+        if self.default_hdfs_dir is not None:
+            raise ValueError("trainer.default_hdfs_dir is not supported by the diffusion checkpoints; set it to null")
+        if self.del_local_ckpt_after_load:
+            raise ValueError("trainer.del_local_ckpt_after_load is not supported; set it to False")
+        if not self.default_local_dir:
+            raise ValueError("trainer.default_local_dir must be a directory path")

@@ -1,0 +1,141 @@
+"""Every config node of ``main_flowgrpo`` as its dataclass, plus the cross-node rules, checked before Ray starts.
+
+A bad value fails here, in the driver, with the dotted key in the message, instead of minutes
+later inside a Ray worker. ``builtin://`` paths must be resolved first (``main_flowgrpo``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from verl.utils.config import omega_conf_to_dataclass
+
+from verl_omni.trainer.config.config import FlowGRPOAlgoConfig, FlowGRPOTrainerConfig
+from verl_omni.workers.config.actor import DiffusionActorConfig
+from verl_omni.workers.config.model import DiffusionModelConfig
+from verl_omni.workers.config.reward import DiffusionRewardConfig
+from verl_omni.workers.config.rollout import DiffusionRolloutConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FlowGRPOConfigs:
+    """The validated dataclasses of one run (the DictConfig stays the source for verl's code)."""
+
+    actor: DiffusionActorConfig
+    model: DiffusionModelConfig
+    rollout: DiffusionRolloutConfig
+    reward: DiffusionRewardConfig
+    algorithm: FlowGRPOAlgoConfig
+    trainer: FlowGRPOTrainerConfig
+
+    @property
+    def dp_size(self) -> int:
+        """Actor ranks over all nodes."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+
+def _node(config: DictConfig, key: str, dataclass_type: type | None = None):
+    """``config.<key>`` as its dataclass; errors get the node's dotted key in front."""
+    node = OmegaConf.select(config, key)
+    if node is None:
+        raise ValueError(f"{key} is missing from the config")
+    try:
+        if dataclass_type is not None and hasattr(dataclass_type, "from_config"):
+            return dataclass_type.from_config(node)
+        return omega_conf_to_dataclass(node, dataclass_type)
+    except Exception as e:  # hydra wraps the dataclass' ValueError in InstantiationException
+        cause = e.__cause__ if e.__cause__ is not None and "Error in call to target" in str(e) else e
+        raise ValueError(f"{key}: {cause}") from e
+
+
+def _data_files(config: DictConfig, key: str) -> list[str]:
+    files = OmegaConf.select(config, key)
+    files = list(files) if isinstance(files, ListConfig | list | tuple) else [files]
+    if not files or any(f is None for f in files):
+        raise ValueError(f"{key} must name parquet files")
+    for f in files:
+        if not Path(str(f)).expanduser().is_file():
+            raise ValueError(f"{key}: {f} does not exist (examples/data_process/ writes prompt sets)")
+    return [str(f) for f in files]
+
+
+def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
+    n = configs.rollout.n
+    if n < 2:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.n={n}: group advantages need at least 2 samples per prompt "
+            "(a group of 1 has advantage 0 and trains nothing)"
+        )
+    prompts = config.data.train_batch_size
+    if not isinstance(prompts, int) or prompts < 1:
+        raise ValueError(f"data.train_batch_size must be an integer >= 1, got {prompts!r}")
+    samples = prompts * n
+    mini = configs.actor.ppo_mini_batch_size
+    if samples % mini:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide the samples per step "
+            f"data.train_batch_size * rollout.n = {prompts} * {n} = {samples}"
+        )
+    try:
+        configs.actor.validate(configs.dp_size)
+    except ValueError as e:
+        raise ValueError(
+            f"actor_rollout_ref.{e} (data-parallel size = trainer.nnodes * trainer.n_gpus_per_node)"
+        ) from e
+
+
+def _check_phases(configs: FlowGRPOConfigs) -> None:
+    from verl_omni.trainer.flowgrpo.core_algos import get_policy_loss_fn
+
+    try:
+        get_policy_loss_fn(configs.actor.policy_loss)
+    except ValueError as e:
+        raise ValueError(f"actor_rollout_ref.actor.policy_loss: {e}") from None
+    if configs.actor.kl_beta > 0 and configs.model.lora.rank == 0:
+        raise ValueError(
+            "actor_rollout_ref.actor.kl_beta > 0 needs a LoRA (actor_rollout_ref.model.lora.rank > 0): "
+            "the reference is the model with the LoRA disabled"
+        )
+    if configs.model.lora.rank == 0:
+        raise ValueError("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) is not supported by the trainer yet")
+
+
+def _check_device(trainer: FlowGRPOTrainerConfig) -> None:
+    import torch
+
+    if trainer.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu or null")
+
+
+def _check_reward_manager(config: DictConfig) -> None:
+    from verl_omni.reward_loop.reward_loop import diffusion_manager_cls
+
+    try:
+        diffusion_manager_cls(config)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+
+
+def validate_config(config: DictConfig) -> FlowGRPOConfigs:
+    """Build and cross-check every node; raises ``ValueError`` naming the key at the first problem."""
+    configs = FlowGRPOConfigs(
+        trainer=_node(config, "trainer"),
+        algorithm=_node(config, "algorithm"),
+        model=_node(config, "actor_rollout_ref.model"),
+        actor=_node(config, "actor_rollout_ref.actor"),
+        rollout=_node(config, "actor_rollout_ref.rollout"),
+        reward=_node(config, "reward.diffusion", DiffusionRewardConfig),
+    )
+    _check_device(configs.trainer)
+    _check_reward_manager(config)
+    _check_batches(config, configs)
+    _check_phases(configs)
+    _data_files(config, "data.train_files")
+    if configs.trainer.val_before_train or configs.trainer.test_freq > 0:
+        _data_files(config, "data.val_files")
+    return configs

@@ -1,0 +1,421 @@
+"""``RayFlowGRPOTrainer``: the Flow-GRPO step loop on verl's single controller.
+
+It extends verl's v1 ``PPOTrainer`` (``verl/trainer/ppo/v1/trainer_base.py``) and keeps its
+shape: ``init`` → ``_setup`` + ``on_init_end``; ``fit`` runs steps; a step is a column of
+phases, each one timer around one method taking ``(batch, metrics)``; mode differences
+(colocated sleep/wake) live in the ``on_*`` hooks. It reuses verl's checkpoint save/resume
+(``global_step_<N>/actor`` + ``data.pt`` + ``latest_checkpointed_iteration.txt``) and
+``Tracking``. It overrides the data path: verl's v1 loop moves token sequences through
+TransferQueue with nested response tensors, while a diffusion batch is a plain ``DataProto`` of
+images, latents and prompt embeddings (``docs/trainer.md``, batch flow).
+
+Processes: the trainer (this, in the driver), the actor worker group (``DiffusionActorWorker``,
+one Ray actor per rank, FSDP2), the vLLM-Omni rollout replicas with their load balancer and
+agent-loop workers, and the reward loop workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import ray
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torchdata.stateful_dataloader import StatefulDataLoader
+from tqdm import tqdm
+from verl import DataProto
+from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
+from verl.utils.dataset.rl_dataset import collate_fn
+from verl.utils.debug import marked_timer
+from verl.utils.metric import reduce_metrics
+from verl.utils.tracking import Tracking
+
+from verl_omni.trainer.config.validation import FlowGRPOConfigs
+from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
+from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
+from verl_omni.utils.image_grid import save_grid
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+# what the actor replays (docs/actor.md, batch format); negative embeddings only with true CFG
+REPLAY_KEYS = (
+    "all_latents",
+    "all_timesteps",
+    "prompt_embeds",
+    "prompt_embeds_mask",
+    "negative_prompt_embeds",
+    "negative_prompt_embeds_mask",
+)
+
+
+def _restore_info_logging() -> None:
+    """Undo a global ``logging.disable(INFO)`` left behind by vLLM 0.26's ``suppress_logging``.
+
+    It wraps config default factories (``vllm/engine/arg_utils.py``) without try/finally, so when
+    one raises (as on CPU) INFO stays disabled process-wide and the trainer's progress lines vanish.
+    """
+    if logging.root.manager.disable >= logging.INFO:
+        logging.disable(logging.NOTSET)
+        logger.warning("re-enabled INFO logging that vLLM's suppress_logging had left disabled")
+
+
+@register_trainer("flowgrpo")
+class RayFlowGRPOTrainer(PPOTrainer):
+    """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
+
+    def __init__(self, config: DictConfig, configs: FlowGRPOConfigs):
+        # verl's __init__ builds a TransferQueue replay buffer; this trainer feeds the step directly
+        self.config = config
+        self.configs = configs
+        self.checkpoint_callback = build_checkpoint_callback(config)
+        self.trainer_mode = "sync"
+        self.use_critic = False
+        self.use_reference_policy = configs.actor.kl_beta > 0
+        self.recompute_old_log_prob = not configs.actor.use_rollout_log_probs
+        self.colocate = configs.trainer.colocate_rollout
+        self.n = configs.rollout.n
+        self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.local_dir = Path(configs.trainer.default_local_dir).expanduser().absolute()
+        self.global_steps = 0
+
+    # ---- setup -----------------------------------------------------------------------------
+
+    def _setup(self):
+        self._init_tokenizer()
+        self._init_dataloader()
+        self._init_actor()
+        self._init_reward()
+        self._init_rollout()
+        self._load_checkpoint()
+        _restore_info_logging()
+
+    def on_init_end(self):
+        """A resumed actor's LoRA goes to the rollout before the first step."""
+        if self.global_steps > 0:
+            self._sync_weights({})
+
+    def _init_tokenizer(self):
+        """The diffusion checkpoint's text tokenizer (``<model>/tokenizer``), for verl's dataset."""
+        self.tokenizer = self.configs.model.tokenizer
+        self.processor = None
+
+    def _init_dataloader(self):
+        data = self.config.data
+        self.train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, None, is_train=True)
+        self.train_dataloader = StatefulDataLoader(
+            self.train_dataset,
+            batch_size=data.train_batch_size,
+            num_workers=data.dataloader_num_workers,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=create_rl_sampler(data, self.train_dataset),
+        )
+        self.steps_per_epoch = len(self.train_dataloader)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"data.train_files hold {len(self.train_dataset)} prompts, fewer than "
+                f"data.train_batch_size={data.train_batch_size}"
+            )
+        trainer = self.configs.trainer
+        self.total_training_steps = trainer.total_training_steps or self.steps_per_epoch * trainer.total_epochs
+        self.val_dataloader = None
+        if trainer.val_before_train or trainer.test_freq > 0:
+            self.val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, None, is_train=False)
+            self.val_dataloader = StatefulDataLoader(
+                self.val_dataset,
+                batch_size=data.val_batch_size or len(self.val_dataset),
+                num_workers=data.dataloader_num_workers,
+                shuffle=False,
+                collate_fn=collate_fn,
+            )
+        logger.info(
+            "%d training prompts (%d steps per epoch), %d steps in total",
+            len(self.train_dataset),
+            self.steps_per_epoch,
+            self.total_training_steps,
+        )
+
+    def _init_actor(self):
+        """The actor (and its reference: the LoRA disabled) as a worker group over the actor's devices."""
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.workers.config import TrainingWorkerConfig
+
+        from verl_omni.workers.engine_workers import DiffusionActorWorker
+
+        actor, trainer = self.configs.actor, self.configs.trainer
+        worker_config = TrainingWorkerConfig(
+            model_type="diffusion_model",
+            model_config=self.configs.model,
+            engine_config=actor.engine,
+            optimizer_config=replace(actor.optim, total_training_steps=self.total_training_steps),
+            checkpoint_config=actor.checkpoint,
+        )
+        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (DESIGN.md §6)
+        colocate_count = {"max_colocate_count": 1} if self.device == "cpu" else {}
+        self.resource_pool = RayResourcePool(
+            [trainer.n_gpus_per_node] * trainer.nnodes,
+            use_gpu=self.device == "cuda",
+            name_prefix="flowgrpo_actor",
+            **colocate_count,
+        )
+        worker_cls = RayClassWithInitArgs(
+            cls=ray.remote(DiffusionActorWorker), config=worker_config, actor_config=actor
+        )
+        # verl's checkpoint code calls the actor's worker group ``actor_rollout_wg``
+        self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, device_name=self.device)
+        self.actor_rollout_wg.init_model()
+
+    def _init_reward(self):
+        from verl_omni.reward_loop import DiffusionRewardLoopManager
+
+        self.reward_loop_manager = DiffusionRewardLoopManager(self.config)
+
+    def _init_rollout(self):
+        """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them."""
+        from verl_omni.agent_loop import DiffusionAgentLoopManager
+        from verl_omni.workers.rollout.llm_server import OmniLLMServerManager
+
+        worker_group = self.actor_rollout_wg if self.colocate else None
+        self.llm_server_manager = OmniLLMServerManager.create(self.config, worker_group=worker_group)
+        self.agent_loop_manager = DiffusionAgentLoopManager.create(
+            self.config, self.get_llm_client(), reward_loop_worker_handles=self.get_reward_handles()
+        )
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def fit(self):
+        """Train ``total_training_steps`` steps (from a resumed step when there is a checkpoint)."""
+        self.tracker = self._init_tracker()
+        if self.configs.trainer.val_before_train and self.global_steps == 0:
+            self.tracker.log(data=self._validate(), step=0)
+        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Flow-GRPO steps")
+        self.global_steps += 1
+        batches = self._train_batches()
+        while self.global_steps <= self.total_training_steps:
+            is_last_step = self.global_steps == self.total_training_steps
+            metrics, timing_raw = {}, {}
+            with marked_timer("step", timing_raw):
+                batch = self.step(next(batches), metrics, timing_raw)
+                if self._due(self.configs.trainer.save_freq, is_last_step):
+                    with self._phase("save_checkpoint", timing_raw):
+                        self._save_checkpoint()
+            if self._due(self.configs.trainer.test_freq, is_last_step):
+                with self._phase("testing", timing_raw):
+                    metrics.update(self._validate())
+            self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
+            self.tracker.log(data=metrics, step=self.global_steps)
+            progress.update(1)
+            self.global_steps += 1
+        progress.close()
+        self.on_train_end()
+
+    def step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
+        """One Flow-GRPO step on one batch of prompts; each phase is one timed method call."""
+        # 1. prompts → rollout.n interleaved rows per prompt, tagged with the prompt's uid
+        batch = self._prompt_batch(batch_dict, self.n, validate=False)
+        # 2. sample images with the SDE window, recording latents and log-probs
+        with self._phase("gen", timing_raw):
+            self.on_sample_begin()
+            batch = self._generate(batch, metrics)
+            self.on_sample_end()
+        # 3. score them, unless the agent loop streamed rm_scores already
+        if "rm_scores" not in batch.batch.keys():
+            with self._phase("reward", timing_raw):
+                batch = self._compute_reward(batch, metrics)
+        # 4. log pi_old by the actor (else the rollout's log-probs are used)
+        if self.recompute_old_log_prob:
+            with self._phase("old_log_prob", timing_raw):
+                batch = self._compute_old_log_prob(batch, metrics)
+        # 5. the reference's means, for the KL term
+        if self.use_reference_policy:
+            with self._phase("ref", timing_raw):
+                batch = self._compute_ref_log_prob(batch, metrics)
+        # 6. group advantages from the registry
+        with self._phase("adv", timing_raw):
+            batch = self._compute_advantage(batch, metrics)
+        # 7. the clipped Flow-GRPO update of the LoRA
+        with self._phase("update_actor", timing_raw):
+            batch = self._update_actor(batch, metrics)
+        # 8. the new LoRA to every rollout replica
+        with self._phase("sync", timing_raw):
+            self._sync_weights(metrics)
+        return batch
+
+    # ---- phases ----------------------------------------------------------------------------
+
+    def _prompt_batch(self, batch_dict: dict, repeat: int, validate: bool) -> DataProto:
+        """A DataProto of prompts, one ``uid`` per prompt (deterministic: resumes reproduce routing)."""
+        batch = DataProto.from_single_dict(batch_dict)
+        prefix = "val" if validate else "train"
+        batch.non_tensor_batch["uid"] = np.array(
+            [f"{prefix}-{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
+        )
+        batch = batch.repeat(repeat_times=repeat, interleave=True)
+        # the rollout seeds each row from (rollout.seed, global_steps, row): validation always passes
+        # step 0, so every validation draws the same noise and its grids compare across training
+        batch.meta_info.update(global_steps=0 if validate else self.global_steps, validate=validate)
+        return batch
+
+    def _generate(self, batch: DataProto, metrics: dict) -> DataProto:
+        output = self.agent_loop_manager.generate_sequences(batch)
+        metrics.update({k: float(v) for k, v in output.meta_info.pop("timing", {}).items()})
+        return output
+
+    def _compute_reward(self, batch: DataProto, metrics: dict) -> DataProto:
+        scored = self.reward_loop_manager.compute_rm_score(batch)
+        metrics.update(scored.meta_info.pop("metrics", {}))
+        scored.meta_info.pop("reward_extra_keys", None)
+        return batch.union(scored)
+
+    def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
+        old = self.actor_rollout_wg.compute_log_prob(self._actor_input(batch)).batch["old_log_probs"]
+        # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
+        metrics["old_log_prob/rollout_diff_max"] = (old - batch.batch["rollout_log_probs"]).abs().max().item()
+        batch.batch["old_log_probs"] = old
+        return batch
+
+    def _compute_ref_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
+        out = self.actor_rollout_wg.compute_ref_log_prob(self._actor_input(batch))
+        batch.batch["ref_prev_sample_mean"] = out.batch["ref_prev_sample_mean"]
+        return batch
+
+    def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
+        algo = self.configs.algorithm
+        scores = batch.batch["rm_scores"].float()
+        uids = batch.non_tensor_batch["uid"]
+        batch.batch["advantages"] = get_adv_estimator_fn(algo.adv_estimator)(
+            scores, uids, global_std=algo.global_std, epsilon=algo.epsilon, adv_clip_max=algo.adv_clip_max
+        )
+        groups = scores.view(-1, self.n)
+        metrics.update(
+            {
+                "critic/score/mean": scores.mean().item(),
+                "critic/score/max": scores.max().item(),
+                "critic/score/min": scores.min().item(),
+                "critic/score/zero_std_group_frac": (groups.std(dim=1) == 0).float().mean().item(),
+                "critic/advantages/mean": batch.batch["advantages"].mean().item(),
+                "critic/advantages/max": batch.batch["advantages"].max().item(),
+                "critic/advantages/min": batch.batch["advantages"].min().item(),
+            }
+        )
+        return batch
+
+    def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
+        if not self.recompute_old_log_prob:
+            # bypass: the rollout sampled with the actor's current weights (synced every step)
+            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
+        extra = ("old_log_probs", "advantages") + (("ref_prev_sample_mean",) if self.use_reference_policy else ())
+        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, extra))
+        # one value per rank, equal (the actor reduces over ranks already)
+        metrics.update(reduce_metrics(output.meta_info["metrics"]))
+        return batch
+
+    def _sync_weights(self, metrics: dict) -> None:
+        """Push the actor's LoRA tensors to every replica in memory; each must bind them (or this raises)."""
+        from verl_omni.workers.rollout.weight_sync import push_lora_to_replicas
+
+        if self.colocate:
+            self._call_servers("wake_up")
+        tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
+        bound = asyncio.run(push_lora_to_replicas(self.llm_server_manager.server_handles, peft_config, tensors))
+        metrics["sync/lora_modules_bound_min"] = min(bound)
+
+    def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
+        keys = [k for k in REPLAY_KEYS if k in batch.batch.keys()] + list(extra)
+        return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["replay_spec"])
+
+    # ---- validation, metrics, logging ------------------------------------------------------
+
+    def _validate(self) -> dict[str, float]:
+        """ODE samples (noise 0) of the held-out prompts, scored; the image grid goes to disk and the tracker."""
+        images, scores = [], []
+        for batch_dict in self.val_dataloader:
+            batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
+            if "rm_scores" not in batch.batch.keys():
+                batch = self._compute_reward(batch, {})
+            images.append(batch.batch["responses"])
+            scores.append(batch.batch["rm_scores"].float())
+        images, scores = torch.cat(images), torch.cat(scores)
+        shown = images[: self.configs.trainer.val_grid_images]
+        path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
+        grid = save_grid(shown, per_row=int(np.ceil(np.sqrt(len(shown)))), path=path)
+        log_image_grid(self.tracker, "val/images", grid, self.global_steps)
+        logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
+        return {
+            "val/score/mean": scores.mean().item(),
+            "val/score/max": scores.max().item(),
+            "val/score/min": scores.min().item(),
+        }
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})
+        metrics["perf/images_per_s"] = len(batch) / timing_raw["step"]
+        metrics.update({"training/global_step": global_steps, "training/epoch": epoch})
+
+    def _init_tracker(self) -> Tracking:
+        """verl's ``Tracking`` with the JSONL file and tensorboard under ``default_local_dir``.
+
+        verl's file backend truncates its file; a resumed run first keeps the lines of the steps
+        it resumes from, so ``metrics.jsonl`` stays one object per step over the whole run.
+        """
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        metrics_file = self.local_dir / "metrics.jsonl"
+        kept = keep_metrics_until(metrics_file, self.global_steps)
+        os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_file)
+        os.environ["TENSORBOARD_DIR"] = str(self.local_dir / "tensorboard")
+        trainer = self.configs.trainer
+        tracker = Tracking(
+            project_name=trainer.project_name,
+            experiment_name=trainer.experiment_name,
+            default_backend=list(trainer.logger),
+            config=OmegaConf.to_container(self.config, resolve=True),
+        )
+        if kept and "file" in tracker.logger:
+            tracker.logger["file"].fp.write(kept)
+        return tracker
+
+    # ---- hooks and helpers -----------------------------------------------------------------
+
+    def on_sample_end(self):
+        """Colocated: the replicas give the devices back to the actor phases."""
+        if self.colocate:
+            self._call_servers("sleep")
+
+    def on_step_end(self):
+        """Weights are synced in the step's ``sync`` phase."""
+
+    def on_train_end(self):
+        self.tracker.finish()
+
+    def _call_servers(self, method: str) -> None:
+        ray.get([getattr(server, method).remote() for server in self.llm_server_manager.server_handles])
+
+    def _train_batches(self):
+        """Training batches across epochs; the dataloader's state (saved in checkpoints) resumes mid-epoch."""
+        while True:
+            yield from self.train_dataloader
+
+    def _epoch(self) -> int:
+        return (self.global_steps - 1) // self.steps_per_epoch
+
+    def _due(self, freq: int, is_last_step: bool) -> bool:
+        return freq > 0 and (is_last_step or self.global_steps % freq == 0)
+
+    @contextmanager
+    def _phase(self, name: str, timing_raw: dict):
+        """``marked_timer`` plus a progress line (phases take minutes on large models)."""
+        logger.info("step %d/%d: %s", self.global_steps, self.total_training_steps, name)
+        start = time.perf_counter()
+        with marked_timer(name, timing_raw):
+            yield
+        logger.info("step %d: %s done in %.1f s", self.global_steps, name, time.perf_counter() - start)

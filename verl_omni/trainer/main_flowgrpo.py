@@ -1,0 +1,99 @@
+"""Flow-GRPO entry point: ``python -m verl_omni.trainer.main_flowgrpo [key=value ...]``.
+
+Composes ``verl_omni/trainer/config/flowgrpo_trainer.yaml`` with Hydra, builds the ``builtin://``
+paths (the tiny random Qwen-Image and the built-in prompts) once, validates every config node
+before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_init.address``) and runs
+:class:`RayFlowGRPOTrainer` in this process. With no overrides it is the built-in CPU run
+(``docs/trainer.md``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+logger = logging.getLogger(__name__)
+
+BUILTIN = "builtin://"
+BUILTIN_KEYS = ("actor_rollout_ref.model.path", "data.train_files", "data.val_files")
+# logical CPUs declared on a CPU-only machine: every actor rank, replica, reward and agent-loop
+# worker reserves one; they time-share the physical cores
+CPU_LOGICAL_CPUS = 16
+
+
+def _builtin_path(name: str, builtin_dir: Path) -> str:
+    """Build (once) what ``builtin://<name>`` names and return its local path."""
+    if name == "tiny_qwen_image":
+        path = builtin_dir / "tiny_qwen_image"
+        if not (path / "model_index.json").is_file():
+            from verl_omni.utils.tiny_models import build_tiny_model
+
+            logger.info("building the tiny random Qwen-Image into %s (once)", path)
+            build_tiny_model("qwen_image", path, seed=0)
+        return str(path)
+    if name in ("tiny_prompts/train.parquet", "tiny_prompts/val.parquet"):
+        from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
+
+        train, val = ensure_tiny_prompts(builtin_dir / "tiny_prompts")
+        return str(train if name.endswith("train.parquet") else val)
+    raise ValueError(
+        f"unknown built-in {BUILTIN}{name}; available: tiny_qwen_image, tiny_prompts/train.parquet, "
+        "tiny_prompts/val.parquet"
+    )
+
+
+def resolve_builtin_paths(config: DictConfig) -> None:
+    """Replace every ``builtin://`` value of :data:`BUILTIN_KEYS` by the built local path."""
+    builtin_dir = Path(str(config.trainer.builtin_dir)).expanduser().absolute()
+    with open_dict(config):
+        for key in BUILTIN_KEYS:
+            value = OmegaConf.select(config, key)
+            if isinstance(value, str) and value.startswith(BUILTIN):
+                OmegaConf.update(config, key, _builtin_path(value[len(BUILTIN) :], builtin_dir))
+
+
+def init_ray(config: DictConfig, device: str) -> None:
+    """Start a local Ray (or join ``ray_kwargs.ray_init.address``); workers import what this process imports."""
+    import ray
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    if ray.is_initialized():
+        return
+    # a loaded machine can take longer than Ray's defaults (10-15 s) to start the node and its agents
+    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
+    kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.ray_init).items() if v is not None}
+    if device == "cpu" and "address" not in kwargs:
+        kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
+    runtime_env = get_ppo_ray_runtime_env(config)
+    if os.environ.get("PYTHONPATH"):
+        runtime_env["env_vars"]["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    ray.init(runtime_env=runtime_env, include_dashboard=False, **kwargs)
+
+
+def run_flowgrpo(config: DictConfig) -> None:
+    """Resolve, validate, start Ray, train."""
+    import torch
+
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+
+    resolve_builtin_paths(config)
+    configs = validate_config(config)
+    init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    trainer = RayFlowGRPOTrainer(config, configs)
+    trainer.init()
+    trainer.fit()
+
+
+@hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)
+def main(config: DictConfig) -> None:
+    run_flowgrpo(config)
+
+
+if __name__ == "__main__":
+    main()
