@@ -54,7 +54,7 @@ def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _pipeline_class(adapter):
     import diffusers
 
-    return getattr(diffusers, adapter.pipeline_class_name)
+    return getattr(diffusers, adapter.lora_file_pipeline)
 
 
 def _rng_state() -> dict:
