@@ -63,6 +63,13 @@ class ModelAdapter:
     cfg_conditioning_keys: ClassVar[tuple[str, ...]] = ()
     rollout_name_map: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    # ---- prompts -------------------------------------------------------------------------------
+
+    @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        """The ``prompt_token_ids`` the rollout pipeline expects for a text prompt (the model's template applied)."""
+        raise NotImplementedError(f"{cls.__name__} does not tokenize prompts")
+
     # ---- building ------------------------------------------------------------------------------
 
     @classmethod

@@ -92,6 +92,10 @@ class BagelTrainingAdapter(ModelAdapter):
     rollout_name_map = ((".language_model.model.", "."),)
 
     @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        return prompt_token_ids(tokenizer, prompt)
+
+    @classmethod
     def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32) -> BagelForGeneration:
         return BagelForGeneration.from_pretrained(model_path, dtype=dtype)
 

@@ -78,6 +78,12 @@ class QwenImageTrainingAdapter(ModelAdapter):
         return QwenImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype)
 
     @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
+
+        return prompt_token_ids(tokenizer, prompt)
+
+    @classmethod
     def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32):
         return cls.load_transformer(model_path, dtype)
 

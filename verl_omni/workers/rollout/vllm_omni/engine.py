@@ -23,6 +23,8 @@ WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.O
 _DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
 # Flow-GRPO keys read by the rollout pipeline from extra_args
 _SDE_KEYS = ("sde_type", "noise_level", "sde_window_size", "sde_window_range", "seeds")
+# model-specific sampling keys, also passed in extra_args (BAGEL's schedule shift and CFG settings)
+_MODEL_KEYS = ("timestep_shift", "cfg_img_scale", "cfg_interval", "cfg_renorm_type", "cfg_renorm_min")
 # keys verl's agent loops send for text models; meaningless for diffusion, ignored
 _IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
 
@@ -31,16 +33,16 @@ def build_sampling_params(sampling_params: dict[str, Any], num_outputs_per_promp
     """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_IGNORED_LLM_KEYS)
+    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_MODEL_KEYS) - set(_IGNORED_LLM_KEYS)
     if unknown:
         raise ValueError(
             f"sampling_params has unknown keys {sorted(unknown)}; "
-            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}"
+            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}, model keys: {_MODEL_KEYS}"
         )
     fields = {k: sampling_params[k] for k in _DIFFUSION_KEYS if sampling_params.get(k) is not None}
     if "guidance_scale" in fields:
         fields["guidance_scale_provided"] = True
-    extra = {k: sampling_params[k] for k in _SDE_KEYS if sampling_params.get(k) is not None}
+    extra = {k: sampling_params[k] for k in _SDE_KEYS + _MODEL_KEYS if sampling_params.get(k) is not None}
     return OmniDiffusionSamplingParams(
         num_outputs_per_prompt=num_outputs_per_prompt,
         extra_args=extra,
