@@ -237,8 +237,9 @@ class MoTDecoderLayer(nn.Module):
         attn, act = self.self_attn, ROLLOUT_ACTIVATION_DTYPE
         tq, tk, tv = attn.project(self.input_layernorm(text).to(act).to(text.dtype), False, cos[:1], sin[:1])
         lq, lk, lv = attn.project(self.input_layernorm_moe_gen(latent).to(act).to(latent.dtype), True, cos, sin)
-        keys = torch.cat([t for t in (cache[0], tk.to(act), lk.to(act)) if t is not None])
-        values = torch.cat([t for t in (cache[1], tv.to(act), lv.to(act)) if t is not None])
+        # (FSDP casts a layer's floating inputs to its parameter dtype: the bf16 cache may arrive as fp32)
+        keys = torch.cat([t.to(act) for t in (cache[0], tk, lk) if t is not None])
+        values = torch.cat([t.to(act) for t in (cache[1], tv, lv) if t is not None])
         out = attend(torch.cat([tq, lq]).to(act), keys, values, causal=False)
         n_text = text.shape[0]
         text = text + attn.o_proj(out[:n_text].to(text.dtype)).to(text.dtype)

@@ -223,7 +223,11 @@ class BagelPipelineWithLogProb(BagelPipeline):
     def forward(self, req) -> list[DiffusionOutput] | DiffusionOutput:
         """Denoise each request of ``req`` in turn; one output per request."""
         if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
+            # the engine's start-up warm-up request carries text, not token ids: stock path, at a resolution
+            # the checkpoint supports (the engine asks for 512x512, beyond small checkpoints' latent table)
+            limit = int(self.bagel.max_latent_size * self.bagel.latent_downsample)
+            for sp in req.sampling_params_list:
+                sp.height, sp.width = min(sp.height or limit, limit), min(sp.width or limit, limit)
             return super().forward(req)
         with torch.inference_mode():
             return [self._generate(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
