@@ -44,7 +44,7 @@ def batch():
 
 
 def test_bagel_actor_replays_like_the_module_and_trains_only_the_generation_expert_lora(
-    process_group, tiny_bagel_path, spec, batch
+    process_group, tiny_bagel_path, spec, batch, tmp_path
 ):
     from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter as adapter
     from verl_omni.workers.utils.replay import prepare_scheduler, replay_step
@@ -75,7 +75,14 @@ def test_bagel_actor_replays_like_the_module_and_trains_only_the_generation_expe
     base = torch.stack([replay_step(adapter, module, scheduler, batch, j, spec).prev_sample_mean for j in range(2)], 1)
     torch.testing.assert_close(ref, base.detach(), rtol=0, atol=1e-5)
 
-    # 3. export: names and targets as vLLM-Omni's BAGEL pipeline names its layers
+    # 3. checkpoint (BAGEL has no diffusers pipeline: plain safetensors, same keys) restores the trained policy
+    trained = actor.compute_log_prob(batch, spec)
+    engine.save_checkpoint(str(tmp_path / "ckpt"), global_step=1)
+    fresh = build_actor(tiny_bagel_path, ppo_mini_batch_size=4)
+    fresh.engine.load_checkpoint(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(fresh.compute_log_prob(batch, spec), trained, rtol=0, atol=0)
+
+    # 4. export: names and targets as vLLM-Omni's BAGEL pipeline names its layers
     params, config = engine.get_per_tensor_param()
     names = sorted(name for name, _ in params)
     assert "base_model.model.layers.0.mlp_moe_gen.gate_proj.lora_A.weight" in names

@@ -111,6 +111,10 @@ class BagelPipelineWithLogProb(BagelPipeline):
     # each request of an engine batch is denoised in turn (BAGEL packs one image per forward)
     supports_request_batch = True
     supports_step_execution = False
+    # vLLM-Omni's LoRA manager reads fused→logical projection names from ``stacked_params_mapping``
+    # attributes; BAGEL's loader keeps its mapping local, so a LoRA on gate_proj/up_proj (the
+    # trainer's names) would bind nothing on the fused gate_up_proj without this
+    stacked_params_mapping = ((".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
 
     # ---- text context ------------------------------------------------------------------------
 
@@ -229,7 +233,11 @@ class BagelPipelineWithLogProb(BagelPipeline):
             for sp in req.sampling_params_list:
                 sp.height, sp.width = min(sp.height or limit, limit), min(sp.width or limit, limit)
             return super().forward(req)
-        with torch.inference_mode():
+        # BAGEL's layers mix fp32 inputs (timestep features, latents) with model-dtype weights: the stock
+        # pipeline autocasts to the model dtype on accelerators; so do we, on every device (CPU included)
+        dtype = self.od_config.dtype
+        autocast = torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype != torch.float32)
+        with torch.inference_mode(), autocast:
             return [self._generate(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
 
 
