@@ -25,7 +25,6 @@ the trainer replays with, ``prompt_token_ids`` / ``negative_prompt_token_ids`` [
 from __future__ import annotations
 
 import logging
-from copy import deepcopy
 from types import SimpleNamespace
 from typing import Any
 
@@ -161,7 +160,7 @@ class BagelPipelineWithLogProb(BagelPipeline):
             )
         return height, width
 
-    def _sample(self, request, sampling_params, contexts, shape, noise_levels, generator, settings) -> tuple:
+    def _sample(self, request, contexts, shape, noise_levels, generator, settings) -> tuple:
         """Denoise one sample; returns (PIL image, its :class:`BagelSDEStep` recording)."""
         cond, uncond = contexts
         scheduler = FlowMatchSDEDiscreteScheduler()
@@ -177,8 +176,8 @@ class BagelPipelineWithLogProb(BagelPipeline):
         latents, *_ = self.bagel.generate_image(
             past_key_values=cond["past_key_values"],
             cfg_text_past_key_values=uncond["past_key_values"],
-            # text-to-image: the image-free branch is the conditional context itself
-            cfg_img_past_key_values=deepcopy(cond["past_key_values"]),
+            # text-to-image: the image-free branch is the conditional context itself (read-only in the gen pass)
+            cfg_img_past_key_values=cond["past_key_values"],
             num_timesteps=settings["num_steps"] + 1,
             timestep_shift=settings["timestep_shift"],
             cfg_text_scale=guidance.text_scale,
@@ -197,8 +196,7 @@ class BagelPipelineWithLogProb(BagelPipeline):
     @staticmethod
     def _settings(sampling_params) -> dict:
         extra = dict(sampling_params.extra_args or {})
-        unknown = set(extra) & {"cfg_text_scale"}
-        if unknown:
+        if "cfg_text_scale" in extra:
             raise ValueError(
                 "set BAGEL's text-CFG scale with sampling_params.true_cfg_scale, not extra_args['cfg_text_scale']"
             )
@@ -219,7 +217,7 @@ class BagelPipelineWithLogProb(BagelPipeline):
         images, steppers = [], []
         for i, generator in enumerate(request.generators(torch.device("cpu"))):
             levels = [request.noise_levels_at(step)[i] for step in range(settings["num_steps"])]
-            image, stepper = self._sample(request, sampling_params, contexts, shape, levels, generator, settings)
+            image, stepper = self._sample(request, contexts, shape, levels, generator, settings)
             images.append(image)
             steppers.append(stepper)
         return DiffusionOutput(output={"payload": {"image": images, "trajectory": _trajectory(request, steppers)}})
