@@ -87,7 +87,7 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
 
     tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
     ids, neg = prompt_token_ids(tokenizer, PROMPT), prompt_token_ids(tokenizer, NEGATIVE)
-    extra = {"pipeline_class": pipeline} if pipeline else {}
+    extra = {"custom_pipeline": pipeline} if pipeline else {}
     engine = OmniRolloutEngine(
         str(model_path), dtype=args.dtype, max_batch_requests=max_seqs, **extra, **engine_kwargs(args)
     )

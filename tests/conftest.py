@@ -38,6 +38,22 @@ def tiny_qwen_image_bf16_path(tmp_path_factory):
     return build_tiny_model("qwen_image", tmp_path_factory.mktemp("tiny_qwen_image_bf16"), seed=0, dtype="bfloat16")
 
 
+@pytest.fixture(scope="session")
+def tiny_bagel_path(tmp_path_factory):
+    """Directory of a tiny random BAGEL (checkpoint layout, fp32), built once per session with seed 0."""
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    return build_tiny_model("bagel", tmp_path_factory.mktemp("tiny_bagel"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_bagel_bf16_path(tmp_path_factory):
+    """The same tiny BAGEL saved in bf16, as GPU engines run it."""
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    return build_tiny_model("bagel", tmp_path_factory.mktemp("tiny_bagel_bf16"), seed=0, dtype="bfloat16")
+
+
 SAMPLING_ARGS = ["--n", "2", "--steps", "4", "--size", "32", "--window", "2", "--cfg", "4.0", "--seed", "3"]
 
 

@@ -50,7 +50,11 @@ def spec():
 def sample_group(loop, engine, prompts, request_id):
     return loop.run(
         engine.engine_call(
-            prompts["cat"], SAMPLING, request_id, num_outputs_per_prompt=N, negative_prompt_ids=prompts["negative"]
+            prompts["cat"],
+            SAMPLING,
+            request_id,
+            num_outputs_per_prompt=N,
+            negative_prompt_token_ids=prompts["negative"],
         )
     )
 

@@ -1,34 +1,166 @@
-"""Training adapters by architecture: one per diffusers pipeline class, found from ``model_index.json``.
+"""Model adapters: what the trainer and the rollout need to know about one architecture.
 
-An adapter is a class whose attributes state the facts the trainer needs about an architecture
-(FSDP wrap blocks, LoRA targets, the LoRA file format's pipeline) and whose static methods load
-the transformer and predict a velocity. Engines look the adapter up here and read those
-attributes; nothing in the trainer tests an architecture name.
+A model is three things that must agree with each other:
+
+* a rollout pipeline: a vLLM-Omni custom pipeline class (``rollout_pipeline``, a dotted path)
+  that samples with the shared SDE step and records the trajectory and its log-probs;
+* a training adapter: builds the trainable module from the same checkpoint, declares its FSDP
+  wrap blocks and LoRA targets, states which recorded tensors a replay needs, predicts the
+  velocity of one recorded step, and maps trained weight names onto the rollout's modules;
+* scheduler settings: the rollout's sigma schedule, rebuilt by the trainer to replay steps.
+
+Adapters are classes whose attributes state facts and whose class methods do the work;
+:class:`ModelAdapter` is the base with the parts every model shares. They are registered by
+architecture name (``model_index.json``'s ``_class_name`` for diffusers checkpoints,
+``config.json``'s ``architectures[0]`` otherwise) and declare the algorithms they support.
+Engines look the adapter up here; nothing in the trainer tests an architecture name.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
 
 from verl_omni.utils.registry import Registry
 
 TRAINING_ADAPTERS: Registry = Registry("training adapter", check=inspect.isclass)
 
+# modules whose import registers the built-in adapters (imported on the first lookup)
+BUILTIN_ADAPTER_MODULES = (
+    "verl_omni.pipelines.qwen_image.training_adapter",
+    "verl_omni.pipelines.bagel.training_adapter",
+)
+DEFAULT_ALGORITHM = "flow_grpo"
+
+
+class ModelAdapter:
+    """Base of every training adapter (see module docstring); subclasses fill in the facts and methods.
+
+    Class attributes:
+        rollout_pipeline (`str`): dotted path of the vLLM-Omni custom pipeline class of this model.
+        algorithms (`tuple[str]`): RL algorithms the adapter's replay supports.
+        fsdp_wrap_blocks (`tuple[str]`): module class names wrapped one FSDP unit each.
+        lora_target_modules (`tuple[str]`): default peft ``target_modules``.
+        lora_file_pipeline (`str` or None): diffusers pipeline whose LoRA file format checkpoints use.
+        conditioning_keys (`tuple[str]`): per-sample tensors (besides latents and timesteps) a replay needs.
+        cfg_conditioning_keys (`tuple[str]`): further ones when the replay uses CFG.
+        rollout_name_map (`tuple[tuple[str, str]]`): ``(training, rollout)`` name fragments, applied to
+            ``.``-delimited names in order, that turn a trained module name into the rollout's.
+    """
+
+    rollout_pipeline: ClassVar[str]
+    algorithms: ClassVar[tuple[str, ...]] = (DEFAULT_ALGORITHM,)
+    fsdp_wrap_blocks: ClassVar[tuple[str, ...]] = ()
+    lora_target_modules: ClassVar[tuple[str, ...]] = ()
+    lora_file_pipeline: ClassVar[str | None] = None
+    conditioning_keys: ClassVar[tuple[str, ...]] = ()
+    cfg_conditioning_keys: ClassVar[tuple[str, ...]] = ()
+    rollout_name_map: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    # ---- prompts -------------------------------------------------------------------------------
+
+    @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        """The ``prompt_token_ids`` the rollout pipeline expects for a text prompt (the model's template applied)."""
+        raise NotImplementedError(f"{cls.__name__} does not tokenize prompts")
+
+    # ---- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """The trainable module, loaded from the checkpoint the rollout serves."""
+        raise NotImplementedError(f"{cls.__name__} does not build a training module")
+
+    @classmethod
+    def build_scheduler(cls, model_path: str | Path):
+        """The flow-match scheduler whose sigmas the replay steps with (schedule set by :meth:`set_schedule`)."""
+        raise NotImplementedError(f"{cls.__name__} does not build a scheduler")
+
+    @classmethod
+    def set_schedule(cls, scheduler, spec, image_seq_len: int) -> None:
+        """Set ``scheduler`` to the schedule the rollout sampled ``spec`` with."""
+        raise NotImplementedError(f"{cls.__name__} does not set a schedule")
+
+    @staticmethod
+    def vae_scale_factor(model_path: str | Path) -> int:
+        """Pixels per latent cell of the checkpoint (models that do not need it return 1)."""
+        return 1
+
+    # ---- replay --------------------------------------------------------------------------------
+
+    @classmethod
+    def required_keys(cls, uses_cfg: bool) -> tuple[str, ...]:
+        """The conditioning tensors a replay batch must carry."""
+        return cls.conditioning_keys + (cls.cfg_conditioning_keys if uses_cfg else ())
+
+    @classmethod
+    def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
+        """Shape check of the recorded ``all_latents`` ``[B, W+1, ...]`` against ``all_timesteps`` ``[B, W]``."""
+        if timesteps.ndim != 2 or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1):
+            raise ValueError(
+                f"all_latents {tuple(latents.shape)} must be [B, W+1, ...] for all_timesteps {tuple(timesteps.shape)} [B, W]"
+            )
+
+    @classmethod
+    def step_velocity(
+        cls, module, batch: Mapping[str, torch.Tensor], step: int, spec, vae_scale_factor: int
+    ) -> torch.Tensor:
+        """Velocity (after CFG) the policy ``module`` predicts at recorded step ``step`` of every sample of ``batch``."""
+        raise NotImplementedError(f"{cls.__name__} does not predict velocities")
+
+    # ---- export to the rollout -----------------------------------------------------------------
+
+    @classmethod
+    def rollout_name(cls, name: str) -> str:
+        """A trained module or weight name as the rollout pipeline names it (see ``rollout_name_map``)."""
+        padded = f".{name}."
+        for training_part, rollout_part in cls.rollout_name_map:
+            padded = padded.replace(training_part, rollout_part)
+        return padded[1:-1]
+
+    @classmethod
+    def rollout_peft_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """A peft config dict with ``target_modules`` renamed for the rollout."""
+        out = dict(config)
+        if isinstance(out.get("target_modules"), (list, tuple, set)):
+            out["target_modules"] = sorted({cls.rollout_name(m) for m in out["target_modules"]})
+        return out
+
+
 register_training_adapter = TRAINING_ADAPTERS.register
 
 
-def pipeline_class_name(model_path: str | Path) -> str:
-    """``_class_name`` of a diffusers checkpoint directory's ``model_index.json``."""
-    index = Path(model_path) / "model_index.json"
-    if not index.is_file():
-        raise FileNotFoundError(f"model.path={model_path!s} has no model_index.json: it must be a diffusers directory")
-    return json.loads(index.read_text())["_class_name"]
+def architecture_name(model_path: str | Path) -> str:
+    """The architecture of a checkpoint directory: diffusers ``model_index.json`` ``_class_name``, else
+    ``config.json`` ``architectures[0]`` (BAGEL and other non-diffusers checkpoints)."""
+    root = Path(model_path)
+    index = root / "model_index.json"
+    if index.is_file():
+        return json.loads(index.read_text())["_class_name"]
+    config = root / "config.json"
+    if config.is_file():
+        architectures = json.loads(config.read_text()).get("architectures") or []
+        if architectures:
+            return architectures[0]
+    raise FileNotFoundError(
+        f"model.path={model_path!s} has neither model_index.json (diffusers) nor a config.json with "
+        "'architectures': point it at a model checkpoint directory"
+    )
 
 
-def get_training_adapter(model_path: str | Path):
-    """The adapter registered for the pipeline class of the checkpoint at ``model_path``."""
-    import verl_omni.pipelines.qwen_image.training_adapter  # noqa: F401  (registers the built-in adapters)
-
-    return TRAINING_ADAPTERS.get(pipeline_class_name(model_path))
+def get_training_adapter(model_path: str | Path, algorithm: str = DEFAULT_ALGORITHM) -> type[ModelAdapter]:
+    """The adapter registered for the checkpoint at ``model_path``; it must support ``algorithm``."""
+    for module in BUILTIN_ADAPTER_MODULES:
+        importlib.import_module(module)
+    adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
+    if algorithm not in adapter.algorithms:
+        raise ValueError(
+            f"{adapter.__name__} (model.path={model_path!s}) supports algorithms {adapter.algorithms}, not {algorithm!r}"
+        )
+    return adapter

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 from verl_omni.workers.utils.replay import ReplaySpec, check_replay_batch
 
 
@@ -20,15 +21,15 @@ def _batch(w=2, with_negative=False):
 
 def test_cfg_replay_without_negative_embeddings_names_them():
     with pytest.raises(KeyError, match="negative_prompt_embeds"):
-        check_replay_batch(_batch(), ReplaySpec(4, 32, 32, true_cfg_scale=4.0))
-    check_replay_batch(_batch(with_negative=True), ReplaySpec(4, 32, 32, true_cfg_scale=4.0))
+        check_replay_batch(_batch(), ReplaySpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
+    check_replay_batch(_batch(with_negative=True), ReplaySpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
 
 
 def test_latents_must_hold_one_more_step_than_timesteps():
     batch = _batch()
     batch["all_timesteps"] = torch.zeros(3, 3)
     with pytest.raises(ValueError, match=r"\[B, W\+1, N, C\]"):
-        check_replay_batch(batch, ReplaySpec(4, 32, 32))
+        check_replay_batch(batch, ReplaySpec(4, 32, 32), QwenImageTrainingAdapter)
 
 
 @pytest.mark.parametrize(

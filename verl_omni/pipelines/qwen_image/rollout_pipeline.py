@@ -138,7 +138,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         return embeds, out_mask
 
     def _per_sample_embeds(self, requests: list[RolloutRequest], negative: bool):
-        ids = [r.negative_prompt_ids if negative else r.prompt_ids for r in requests]
+        ids = [r.negative_prompt_token_ids if negative else r.prompt_token_ids for r in requests]
         embeds, mask = self.encode_token_ids(ids)
         counts = torch.tensor([r.num_samples for r in requests], device=embeds.device)
         return embeds.repeat_interleave(counts, dim=0), mask.repeat_interleave(counts, dim=0)
@@ -194,9 +194,9 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         sde_types = {r.sde_type for r in requests}
         if len(sde_types) > 1:
             raise ValueError(f"requests batched together must share extra_args['sde_type'], got {sorted(sde_types)}")
-        with_neg = {r.negative_prompt_ids is not None for r in requests}
+        with_neg = {r.negative_prompt_token_ids is not None for r in requests}
         if len(with_neg) > 1:
-            raise ValueError("requests batched together must all have, or all lack, negative_prompt_ids")
+            raise ValueError("requests batched together must all have, or all lack, negative_prompt_token_ids")
         return BatchSettings(
             requests=requests,
             height=height,

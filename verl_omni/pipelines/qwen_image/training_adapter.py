@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import ModelAdapter, register_training_adapter
 
 
 @dataclass
@@ -31,13 +31,25 @@ class PromptEmbeds:
     mask: torch.Tensor
 
 
+def _embeds(batch, key: str) -> PromptEmbeds:
+    """Embeddings and mask; an all-ones mask becomes None, as diffusers' pipeline passes it (same attention path)."""
+    mask = batch[f"{key}_mask"]
+    return PromptEmbeds(batch[key], None if bool(mask.all()) else mask)
+
+
 @register_training_adapter("QwenImagePipeline")
-class QwenImageTrainingAdapter:
+class QwenImageTrainingAdapter(ModelAdapter):
     """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
 
+    rollout_pipeline = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
     transformer_subfolder = "transformer"
     # diffusers pipeline whose save_lora_weights / load_lora_weights define the LoRA file format
-    pipeline_class_name = "QwenImagePipeline"
+    lora_file_pipeline = "QwenImagePipeline"
+    # the rollout records the prompt embeddings (and the negative ones under true CFG)
+    conditioning_keys = ("prompt_embeds", "prompt_embeds_mask")
+    cfg_conditioning_keys = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
+    # diffusers wraps the attention output in a ModuleList ``to_out = [Linear, Dropout]``; vLLM-Omni has one layer
+    rollout_name_map = ((".to_out.0.", ".to_out."),)
     # transformer blocks wrapped one FSDP unit each
     fsdp_wrap_blocks = ("QwenImageTransformerBlock",)
     # attention projections of both streams: the usual Flow-GRPO LoRA targets for Qwen-Image
@@ -64,6 +76,48 @@ class QwenImageTrainingAdapter:
                 "point it at a diffusers Qwen-Image directory (see `python -m verl_omni.utils.tiny_models`)"
             )
         return QwenImageTransformer2DModel.from_pretrained(path, torch_dtype=dtype)
+
+    @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
+
+        return prompt_token_ids(tokenizer, prompt)
+
+    @classmethod
+    def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32):
+        return cls.load_transformer(model_path, dtype)
+
+    @classmethod
+    def build_scheduler(cls, model_path: str | Path):
+        from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
+
+        return FlowMatchSDEDiscreteScheduler.from_pretrained(model_path, subfolder="scheduler")
+
+    @classmethod
+    def set_schedule(cls, scheduler, spec, image_seq_len: int) -> None:
+        cls.set_timesteps(scheduler, spec.num_inference_steps, image_seq_len)
+
+    @classmethod
+    def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
+        if (
+            latents.ndim != 4
+            or timesteps.ndim != 2
+            or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1)
+        ):
+            raise ValueError(
+                f"all_latents {tuple(latents.shape)} must be [B, W+1, N, C] for all_timesteps {tuple(timesteps.shape)} [B, W]"
+            )
+
+    @classmethod
+    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
+        """Velocity at recorded step ``step``: packed latents, recorded prompt embeddings, true CFG when on."""
+        x = batch["all_latents"][:, step]
+        cells = 2 * vae_scale_factor
+        img_shapes = cls.img_shapes(x.shape[0], 2 * (spec.height // cells), 2 * (spec.width // cells))
+        prompt = _embeds(batch, "prompt_embeds")
+        negative = _embeds(batch, "negative_prompt_embeds") if spec.uses_cfg else None
+        t = batch["all_timesteps"][:, step]
+        return cls.predict_velocity(module, x, t, prompt, img_shapes, negative, spec.true_cfg_scale)
 
     @staticmethod
     def vae_scale_factor(model_path: str | Path) -> int:

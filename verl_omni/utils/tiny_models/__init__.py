@@ -18,6 +18,7 @@ from pathlib import Path
 # Lazy strings keep ``import verl_omni.utils.tiny_models`` free of torch/transformers imports.
 _BUILDERS: dict[str, str] = {
     "qwen_image": "verl_omni.utils.tiny_models.qwen_image:build_tiny_qwen_image",
+    "bagel": "verl_omni.utils.tiny_models.bagel:build_tiny_bagel",
     "clip": "verl_omni.utils.tiny_models.clip:build_tiny_clip",
 }
 

@@ -59,7 +59,8 @@ class DiffusionModelConfig(BaseConfig):
     """The diffusion model to train (``actor_rollout_ref.model``).
 
     Args:
-        path (str): local diffusers pipeline directory (``model_index.json`` at its root).
+        path (str): local checkpoint directory: a diffusers pipeline (``model_index.json`` at its root) or a
+            non-diffusers model whose ``config.json`` names its architecture (BAGEL).
         model_type (str): engine registry key; ``"diffusion_model"`` selects ``DiffusersFSDPEngine``.
         lora (DiffusionLoraConfig): LoRA settings.
         enable_gradient_checkpointing (bool): recompute each transformer block in backward.
@@ -78,10 +79,14 @@ class DiffusionModelConfig(BaseConfig):
     use_remove_padding: bool = False
 
     def __post_init__(self):
+        from verl_omni.pipelines.model_base import architecture_name
+
         if not self.path:
-            raise ValueError("model.path is required: a diffusers pipeline directory")
-        if not (Path(self.path) / "model_index.json").is_file():
-            raise ValueError(f"model.path={self.path} has no model_index.json: point it at a diffusers directory")
+            raise ValueError("model.path is required: a model checkpoint directory (diffusers pipeline or BAGEL)")
+        try:
+            architecture_name(self.path)
+        except FileNotFoundError as error:
+            raise ValueError(str(error)) from error
         if self.use_remove_padding:
             raise ValueError("model.use_remove_padding must be False for diffusion models")
         if isinstance(self.lora, dict):

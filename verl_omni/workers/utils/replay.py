@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds
 from verl_omni.pipelines.schedulers.flow_match_sde import SDE_TYPES, SDEStepOutput, sde_step_with_logprob
 
 logger = logging.getLogger(__name__)
 
-# per-sample tensors a replayed batch must carry (DESIGN.md §3, rollout ``extra_fields``)
-REQUIRED_KEYS = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
-NEGATIVE_KEYS = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
+# per-sample tensors every replayed batch carries (DESIGN.md §3, rollout ``extra_fields``); the model's
+# conditioning tensors come on top (``ModelAdapter.required_keys``)
+TRAJECTORY_KEYS = ("all_latents", "all_timesteps")
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,9 @@ class ReplaySpec:
         width (int): image width in pixels.
         noise_level (float): SDE noise level a inside the window (> 0).
         sde_type (str): ``"sde"`` or ``"cps"``.
-        true_cfg_scale (float): true-CFG scale; <= 1 means no CFG (no negative prompt needed).
+        true_cfg_scale (float): CFG scale of the text condition; <= 1 means no CFG (no negative prompt needed).
+        model_kwargs (dict): further model-specific sampling settings the adapter reads (BAGEL: timestep
+            shift, image-CFG scale, CFG interval and renormalization).
     """
 
     num_inference_steps: int
@@ -45,6 +46,7 @@ class ReplaySpec:
     noise_level: float = 0.7
     sde_type: str = "sde"
     true_cfg_scale: float = 1.0
+    model_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.num_inference_steps < 1:
@@ -68,29 +70,20 @@ def num_replay_steps(batch: Mapping[str, torch.Tensor]) -> int:
     return int(batch["all_timesteps"].shape[1])
 
 
-def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec) -> None:
+def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec, adapter) -> None:
     """Fail early, naming the missing or inconsistent field, before any model work."""
-    keys = REQUIRED_KEYS + (NEGATIVE_KEYS if spec.uses_cfg else ())
-    missing = [k for k in keys if k not in batch.keys()]
+    conditioning = adapter.required_keys(spec.uses_cfg)
+    missing = [k for k in TRAJECTORY_KEYS + conditioning if k not in batch.keys()]
     if missing:
-        hint = " (true_cfg_scale > 1 needs the negative prompt embeddings)" if set(missing) & set(NEGATIVE_KEYS) else ""
+        cfg_only = set(missing) & (set(adapter.cfg_conditioning_keys) - set(adapter.conditioning_keys))
+        hint = f" (true_cfg_scale > 1 needs {sorted(cfg_only)})" if cfg_only else ""
         raise KeyError(f"replay batch lacks {missing}{hint}; the rollout must record them")
-    lat, ts = batch["all_latents"], batch["all_timesteps"]
-    if lat.ndim != 4 or ts.ndim != 2 or lat.shape[:2] != (ts.shape[0], ts.shape[1] + 1):
-        raise ValueError(
-            f"all_latents {tuple(lat.shape)} must be [B, W+1, N, C] for all_timesteps {tuple(ts.shape)} [B, W]"
-        )
-
-
-def _embeds(batch: Mapping[str, torch.Tensor], key: str) -> PromptEmbeds:
-    """Embeddings and mask; an all-ones mask becomes None, as diffusers' pipeline passes it (same attention path)."""
-    mask = batch[f"{key}_mask"]
-    return PromptEmbeds(batch[key], None if bool(mask.all()) else mask)
+    adapter.check_latents(batch["all_latents"], batch["all_timesteps"])
 
 
 def prepare_scheduler(adapter, scheduler, spec: ReplaySpec, image_seq_len: int) -> None:
     """Set the scheduler to the rollout's schedule for this resolution."""
-    adapter.set_timesteps(scheduler, spec.num_inference_steps, image_seq_len)
+    adapter.set_schedule(scheduler, spec, image_seq_len)
 
 
 def replay_step(
@@ -100,19 +93,19 @@ def replay_step(
     batch: Mapping[str, torch.Tensor],
     step: int,
     spec: ReplaySpec,
-    vae_scale_factor: int,
+    vae_scale_factor: int = 1,
 ) -> SDEStepOutput:
     """log π_θ(x_{j+1} | x_j), μ_θ and s of recorded step ``step`` for every sample of ``batch``.
 
     Args:
-        adapter: training adapter class (``predict_velocity``, ``img_shapes``).
+        adapter: the model's training adapter (:class:`~verl_omni.pipelines.model_base.ModelAdapter`).
         transformer: the policy (with or without LoRA, sharded or not).
         scheduler: a flow-match scheduler already set by :func:`prepare_scheduler`.
-        batch: per-sample tensors, ``all_latents`` ``[B, W+1, N, C]``, ``all_timesteps`` ``[B, W]``,
-            prompt embeddings ``[B, L, D]`` and masks ``[B, L]`` (negative ones under CFG).
+        batch: per-sample tensors, ``all_latents`` ``[B, W+1, ...]``, ``all_timesteps`` ``[B, W]`` and the
+            adapter's conditioning tensors.
         step: j in ``[0, W)``.
         spec: the rollout's sampling settings.
-        vae_scale_factor: pixels per latent cell (the adapter reads it from the checkpoint).
+        vae_scale_factor: pixels per latent cell, for adapters that need it (from ``adapter.vae_scale_factor``).
 
     Returns:
         :class:`SDEStepOutput` in fp32, gradients flowing into the transformer when enabled.
@@ -120,11 +113,7 @@ def replay_step(
     x = batch["all_latents"][:, step]
     x_next = batch["all_latents"][:, step + 1]
     t = batch["all_timesteps"][:, step]
-    cells = 2 * vae_scale_factor
-    img_shapes = adapter.img_shapes(x.shape[0], 2 * (spec.height // cells), 2 * (spec.width // cells))
-    prompt = _embeds(batch, "prompt_embeds")
-    negative = _embeds(batch, "negative_prompt_embeds") if spec.uses_cfg else None
-    velocity = adapter.predict_velocity(transformer, x, t, prompt, img_shapes, negative, spec.true_cfg_scale)
+    velocity = adapter.step_velocity(transformer, batch, step, spec, vae_scale_factor)
     return sde_step_with_logprob(
         scheduler, velocity, t, x, spec.noise_level, prev_sample=x_next, sde_type=spec.sde_type
     )

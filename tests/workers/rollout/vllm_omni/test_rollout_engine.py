@@ -32,7 +32,7 @@ def generate(loop, engine, prompts, n=1, request_id="req", **overrides):
     params = {**SAMPLING, **overrides}
     return loop.run(
         engine.engine_call(
-            prompts["cat"], params, request_id, num_outputs_per_prompt=n, negative_prompt_ids=prompts["negative"]
+            prompts["cat"], params, request_id, num_outputs_per_prompt=n, negative_prompt_token_ids=prompts["negative"]
         )
     )
 

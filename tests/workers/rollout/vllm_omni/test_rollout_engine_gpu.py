@@ -29,7 +29,7 @@ def ids(tiny_qwen_image_bf16_path):
 def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, ids):
     prompt, negative = ids
     outs = loop.run(
-        bf16_engine.engine_call(prompt, SAMPLING, "gpu-4", num_outputs_per_prompt=4, negative_prompt_ids=negative)
+        bf16_engine.engine_call(prompt, SAMPLING, "gpu-4", num_outputs_per_prompt=4, negative_prompt_token_ids=negative)
     )
     assert len(outs) == 4
     lp = torch.stack([o.log_probs for o in outs])
@@ -44,7 +44,7 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     prompt, negative = ids
 
     def one(request_id):
-        (out,) = loop.run(bf16_engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_ids=negative))
+        (out,) = loop.run(bf16_engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_token_ids=negative))
         return out.diffusion_output
 
     def lora(scale):

@@ -5,6 +5,7 @@ Layout of ``<local_path>/``:
 * ``lora/pytorch_lora_weights.safetensors``: full LoRA tensors written by the pipeline's
   ``save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the peft config as
   metadata so rank and alpha survive), loadable with ``QwenImagePipeline.load_lora_weights``;
+  models without a diffusers pipeline (BAGEL) get the same keys and metadata through safetensors;
 * ``engine_state_rank{r}_of{w}.pt``: rank r's optimizer state (its FSDP shards), LR schedule,
   RNG states and the global step. Resuming needs the same world size.
 
@@ -51,10 +52,26 @@ def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return full
 
 
-def _pipeline_class(adapter):
-    import diffusers
+def _save_lora_file(adapter, directory: Path, lora: dict[str, torch.Tensor], metadata: dict) -> None:
+    """The diffusers pipeline's ``save_lora_weights`` when the model has one, else the same keys with safetensors."""
+    if adapter.lora_file_pipeline is not None:
+        import diffusers
 
-    return getattr(diffusers, adapter.pipeline_class_name)
+        getattr(diffusers, adapter.lora_file_pipeline).save_lora_weights(
+            directory,
+            transformer_lora_layers=lora,
+            weight_name=LORA_WEIGHT_NAME,
+            safe_serialization=True,
+            transformer_lora_adapter_metadata=metadata,
+        )
+        return
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{TRANSFORMER_PREFIX}{name}": t.contiguous() for name, t in lora.items()}
+    save_file(tensors, str(directory / LORA_WEIGHT_NAME), metadata={"lora_adapter_metadata": json.dumps(metadata)})
 
 
 def _rng_state() -> dict:
@@ -81,13 +98,7 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
         path.mkdir(parents=True, exist_ok=True)
         metadata = engine.module.peft_config[ADAPTER_NAME].to_dict()
         metadata["target_modules"] = sorted(metadata["target_modules"])
-        _pipeline_class(engine.adapter).save_lora_weights(
-            path / LORA_DIR,
-            transformer_lora_layers=lora,
-            weight_name=LORA_WEIGHT_NAME,
-            safe_serialization=True,
-            transformer_lora_adapter_metadata=metadata,
-        )
+        _save_lora_file(engine.adapter, path / LORA_DIR, lora, metadata)
     dist.barrier()
     state = {
         "global_step": global_step,

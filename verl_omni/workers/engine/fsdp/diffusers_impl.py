@@ -6,9 +6,9 @@ schedule), verl's warmup schedules, ``optimizer_step`` (FSDP2 grad-norm clip, sk
 norm), deferred gradient sync over accumulation steps, offload, train/eval contexts and
 ``train_batch``. It overrides what is language-model specific:
 
-* ``_build_module`` / ``_build_lora_module``: the transformer comes from the architecture's
-  training adapter (found from ``model_index.json``), LoRA is injected with diffusers'
-  ``add_adapter`` (the model stays a diffusers model; no ``PeftModelForCausalLM``);
+* ``_build_module`` / ``_build_lora_module``: the module comes from the architecture's training
+  adapter (found from the checkpoint's ``model_index.json`` or ``config.json``), LoRA is injected
+  with diffusers' ``add_adapter`` (the model stays a diffusers-style model; no ``PeftModelForCausalLM``);
 * ``_build_fsdp_module``: FSDP2 ``fully_shard`` on the adapter's ``fsdp_wrap_blocks`` then the
   root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
 * ``forward_backward_batch``: micro-batches × recorded steps, one backward per (micro-batch,
@@ -75,15 +75,13 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def initialize(self):
         """Build the sharded model, optimizer and LR schedule, and the rollout's scheduler."""
-        from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
-
         self._build_model_optimizer()
-        self.scheduler = FlowMatchSDEDiscreteScheduler.from_pretrained(self.model_config.path, subfolder="scheduler")
+        self.scheduler = self.adapter.build_scheduler(self.model_config.path)
         self.to(device="cpu", model=self._is_offload_param, optimizer=self._is_offload_optimizer, grad=False)
 
     def _build_module(self):
         dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
-        module = self.adapter.load_transformer(self.model_config.path, dtype=dtype)
+        module = self.adapter.build_module(self.model_config.path, dtype=dtype)
         if self.model_config.enable_gradient_checkpointing:
             module.enable_gradient_checkpointing()
         if not self._is_lora:
@@ -184,7 +182,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         spec = data.get_non_tensor(REPLAY_SPEC_KEY)
         if not isinstance(spec, ReplaySpec):
             raise KeyError(f"data must carry a ReplaySpec under non-tensor key {REPLAY_SPEC_KEY!r}")
-        check_replay_batch(data, spec)
+        check_replay_batch(data, spec, self.adapter)
         prepare_scheduler(self.adapter, self.scheduler, spec, data["all_latents"].shape[2])
         size, steps = data.batch_size[0], num_replay_steps(data)
         micro_batches = data.split(self._micro_batch_size(data))
@@ -251,17 +249,17 @@ class DiffusersFSDPEngine(FSDPEngine):
     def get_per_tensor_param(self, **kwargs):
         """LoRA tensors for the rollout, in peft's checkpoint naming, and the peft config (verl's contract).
 
-        Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` relative to the
-        transformer, as vLLM's LoRA loader parses peft checkpoints; the rollout side fuses the
-        q/k/v sub-layers itself (vLLM-Omni's ``packed_modules_mapping``). With ``model.lora.merge``
+        Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` the rollout's name of the
+        trained module (the adapter's ``rollout_name``), as vLLM's LoRA loader parses peft checkpoints;
+        the rollout side fuses q/k/v or gate/up sub-layers itself (vLLM-Omni's ``packed_modules_mapping``). With ``model.lora.merge``
         or without LoRA, full weights would be needed: not implemented yet.
         """
         if not self._is_lora or self.model_config.lora.merge:
             raise NotImplementedError("weight export supports unmerged LoRA only (model.lora.rank > 0, merge=False)")
         tensors = self.lora_state_dict()
-        config = self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
-        config["target_modules"] = sorted(config["target_modules"])
-        return ((f"base_model.model.{name}", tensor) for name, tensor in tensors.items()), config
+        config = self.adapter.rollout_peft_config(self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict())
+        rollout_name = self.adapter.rollout_name
+        return ((f"base_model.model.{rollout_name(name)}", tensor) for name, tensor in tensors.items()), config
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
         """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state."""

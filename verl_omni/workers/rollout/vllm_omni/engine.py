@@ -17,13 +17,14 @@ from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
 
-PIPELINE_CLASS = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
 WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.OmniRolloutWorkerExtension"
 
 # sampling keys that map onto OmniDiffusionSamplingParams fields
 _DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
 # Flow-GRPO keys read by the rollout pipeline from extra_args
 _SDE_KEYS = ("sde_type", "noise_level", "sde_window_size", "sde_window_range", "seeds")
+# model-specific sampling keys, also passed in extra_args (BAGEL's schedule shift and CFG settings)
+_MODEL_KEYS = ("timestep_shift", "cfg_img_scale", "cfg_interval", "cfg_renorm_type", "cfg_renorm_min")
 # keys verl's agent loops send for text models; meaningless for diffusion, ignored
 _IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
 
@@ -32,16 +33,16 @@ def build_sampling_params(sampling_params: dict[str, Any], num_outputs_per_promp
     """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_IGNORED_LLM_KEYS)
+    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_MODEL_KEYS) - set(_IGNORED_LLM_KEYS)
     if unknown:
         raise ValueError(
             f"sampling_params has unknown keys {sorted(unknown)}; "
-            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}"
+            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}, model keys: {_MODEL_KEYS}"
         )
     fields = {k: sampling_params[k] for k in _DIFFUSION_KEYS if sampling_params.get(k) is not None}
     if "guidance_scale" in fields:
         fields["guidance_scale_provided"] = True
-    extra = {k: sampling_params[k] for k in _SDE_KEYS if sampling_params.get(k) is not None}
+    extra = {k: sampling_params[k] for k in _SDE_KEYS + _MODEL_KEYS if sampling_params.get(k) is not None}
     return OmniDiffusionSamplingParams(
         num_outputs_per_prompt=num_outputs_per_prompt,
         extra_args=extra,
@@ -56,33 +57,35 @@ def _image_to_uint8(image) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
+# trajectory payload entries renamed in the per-sample ``extra_fields`` (the rest keep their names)
+_EXTRA_FIELD_NAMES = {"latents": "all_latents", "timesteps": "all_timesteps"}
+
+
 def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
-    """Split one engine request's output (N images, batched trajectory) into N per-sample outputs."""
+    """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
+
+    Every rollout pipeline returns the same layout, so nothing here depends on the model: each
+    trajectory entry has N rows; ``log_probs`` becomes the sample's ``log_probs``, the others its
+    ``extra_fields`` (``latents``/``timesteps`` as ``all_latents``/``all_timesteps``).
+    """
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None:
         raise RuntimeError(
-            f"engine output has no trajectory payload: is the engine running the rollout pipeline ({PIPELINE_CLASS})?"
+            "engine output has no trajectory payload: is the engine running a log-prob rollout pipeline "
+            "(the model adapter's rollout_pipeline)?"
         )
     if len(output.images) != num_outputs_per_prompt:
         raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
-    for name in ("latents", "log_probs", "timesteps"):
-        value = trajectory[name]
+    for name, value in trajectory.items():
         if value.shape[0] != num_outputs_per_prompt:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
-        if not bool(torch.isfinite(value).all()):
+    for name in ("latents", "log_probs", "timesteps"):
+        if not bool(torch.isfinite(trajectory[name]).all()):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
     outputs = []
     for i, image in enumerate(output.images):
-        extra = {
-            "all_latents": trajectory["latents"][i],
-            "all_timesteps": trajectory["timesteps"][i],
-            "window_start": int(trajectory["window_start"][i]),
-            "prompt_embeds": trajectory["prompt_embeds"][i],
-            "prompt_embeds_mask": trajectory["prompt_embeds_mask"][i],
-        }
-        if "negative_prompt_embeds" in trajectory:
-            extra["negative_prompt_embeds"] = trajectory["negative_prompt_embeds"][i]
-            extra["negative_prompt_embeds_mask"] = trajectory["negative_prompt_embeds_mask"][i]
+        extra = {_EXTRA_FIELD_NAMES.get(k, k): v[i] for k, v in trajectory.items() if k != "log_probs"}
+        extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
                 diffusion_output=_image_to_uint8(image),
@@ -94,15 +97,16 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
 
 
 class OmniRolloutEngine:
-    """An ``AsyncOmni`` running the log-prob pipeline and our worker extension.
+    """An ``AsyncOmni`` running the model's log-prob pipeline and our worker extension.
 
     Args:
-        model_path: diffusers-format Qwen-Image directory.
+        model_path: model directory (a diffusers Qwen-Image, a BAGEL checkpoint, ...).
         dtype: engine dtype (``"float32"`` on CPU, ``"bfloat16"`` on GPU).
         max_batch_requests: how many queued requests the engine may denoise in one transformer batch.
-        pipeline_class: import path of the pipeline (a subclass of the log-prob pipeline, e.g. the
-            random-weight one the full-size benchmark uses).
-        engine_kwargs: further ``AsyncOmni`` keyword arguments.
+        custom_pipeline: dotted path of the rollout pipeline class; defaults to the model adapter's
+            ``rollout_pipeline`` (looked up from the checkpoint).
+        engine_kwargs: further ``AsyncOmni`` keyword arguments, e.g. ``stage_configs_path`` or
+            ``deploy_config`` (a multi-stage or single-stage deploy YAML).
     """
 
     def __init__(
@@ -110,13 +114,13 @@ class OmniRolloutEngine:
         model_path: str,
         dtype: str = "bfloat16",
         max_batch_requests: int = 8,
-        pipeline_class: str = PIPELINE_CLASS,
+        custom_pipeline: str | None = None,
         **engine_kwargs,
     ):
         self.model_path = model_path
-        self.pipeline_class = pipeline_class
         self.dtype = dtype
         self.max_batch_requests = max_batch_requests
+        self.pipeline_class = custom_pipeline or _rollout_pipeline(model_path)
         self.engine_kwargs = engine_kwargs
         self.engine = None
         # the adapter every generation uses (a tensor-free request), and the id the next push gets
@@ -148,26 +152,51 @@ class OmniRolloutEngine:
             raise RuntimeError("the rollout engine is not started: call start() first")
         return self.engine
 
+    def _stage_sampling_params(self, diffusion_params) -> list[Any]:
+        """One entry per stage: the engine's defaults, the caller's for the diffusion stage(s)."""
+        engine = self._require_engine()
+        clients = getattr(engine.engine, "stage_clients", None) or []
+        if len(clients) <= 1:
+            return [diffusion_params]
+        defaults = list(engine.default_sampling_params_list)
+        return [
+            diffusion_params if getattr(c, "stage_type", "") == "diffusion" else d
+            for c, d in zip(clients, defaults, strict=True)
+        ]
+
     async def engine_call(
         self,
-        prompt_ids: list[int],
+        prompt_token_ids: list[int],
         sampling_params: dict[str, Any],
         request_id: str,
         num_outputs_per_prompt: int = 1,
-        negative_prompt_ids: list[int] | None = None,
+        negative_prompt_token_ids: list[int] | None = None,
         lora_request=None,
+        lora_scale: float | None = None,
     ) -> list[DiffusionOutput]:
-        """One engine request for ``num_outputs_per_prompt`` samples of one prompt (the shared helper)."""
+        """One engine request for ``num_outputs_per_prompt`` samples of one prompt (the shared helper).
+
+        ``lora_request`` (a vLLM ``LoRARequest`` of an adapter on disk) and ``lora_scale`` apply to this
+        request only; without them the adapter pushed by :meth:`load_lora_tensors` (if any) is used.
+        """
         if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
             raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
-        engine = self._require_engine()
         params = build_sampling_params(sampling_params, num_outputs_per_prompt, lora_request or self.active_lora)
-        prompt = {"prompt_ids": list(prompt_ids)}
-        if negative_prompt_ids is not None:
-            prompt["negative_prompt_ids"] = list(negative_prompt_ids)
+        if lora_scale is not None:
+            params.lora_scale = float(lora_scale)
+        stage_params = self._stage_sampling_params(params)
+        prompt = {"prompt_token_ids": list(prompt_token_ids)}
+        if negative_prompt_token_ids is not None:
+            prompt["negative_prompt_token_ids"] = list(negative_prompt_token_ids)
+        if len(stage_params) > 1:
+            # a thinker stage (vLLM's input processor) needs the output modality
+            prompt["modalities"] = ["image"]
         final = None
-        async for output in engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=[params]):
-            final = output
+        engine = self._require_engine()
+        async for output in engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=stage_params):
+            # a multi-stage engine also streams the thinker's text output: keep the image stage's
+            if output.error or final is None or output.images:
+                final = output
         if final is None:
             raise RuntimeError(f"engine returned no output for request {request_id}")
         if final.error:
@@ -235,6 +264,13 @@ class OmniRolloutEngine:
     async def request_batch_sizes(self) -> list[int]:
         """Requests per transformer batch of every rollout forward so far (engine-side count)."""
         return _flatten(await self.collective_rpc("verl_omni_request_batch_sizes"))
+
+
+def _rollout_pipeline(model_path: str) -> str:
+    """The rollout pipeline class path of the checkpoint's model adapter."""
+    from verl_omni.pipelines.model_base import get_training_adapter
+
+    return get_training_adapter(model_path).rollout_pipeline
 
 
 def _flatten(stage_results: list[Any]) -> list[Any]:

@@ -28,17 +28,15 @@ def in_memory_lora_path(adapter_id: int) -> str:
     return f"{IN_MEMORY_LORA_SCHEME}verl_omni/{adapter_id}"
 
 
-# diffusers module names whose vLLM-Omni counterpart is named differently (Qwen-Image attention output:
-# diffusers wraps it in a ModuleList ``to_out = [Linear, Dropout]``, vLLM-Omni has one ``to_out`` layer).
-_DIFFUSERS_TO_OMNI_NAMES = ((".to_out.0.", ".to_out."),)
-
-
 def _omni_module_name(name: str) -> str:
-    """A diffusers/PEFT weight or target-module name as vLLM-Omni's Qwen-Image modules are named."""
-    padded = f".{name}."
-    for diffusers_part, omni_part in _DIFFUSERS_TO_OMNI_NAMES:
-        padded = padded.replace(diffusers_part, omni_part)
-    return padded[1:-1]
+    """A diffusers/PEFT weight or target-module name as vLLM-Omni's modules are named.
+
+    Adapters pushed by the trainer already carry rollout names (``ModelAdapter.rollout_name``);
+    this accepts diffusers-named Qwen-Image adapters too (the renaming is idempotent).
+    """
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+
+    return QwenImageTrainingAdapter.rollout_name(name)
 
 
 class TensorLoRARequest(LoRARequest):

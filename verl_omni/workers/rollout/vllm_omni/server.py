@@ -48,6 +48,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
     async def launch_server(self, master_address: str = None, master_port: int = None, dp_rpc_port: int = None):
         if self.node_rank != 0:
             return
+        # may name the rollout pipeline (custom_pipeline) and a stage/deploy config (stage_configs_path)
         engine_kwargs = dict((self.config.get("engine_kwargs", {}) or {}).get("vllm_omni", {}) or {})
         # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
         max_batch_requests = int(engine_kwargs.pop("max_num_seqs", DEFAULT_MAX_BATCH_REQUESTS))
@@ -89,11 +90,19 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         image_data: list[Any] | None = None,
         video_data: list[Any] | None = None,
         negative_prompt_ids: list[int] | None = None,
+        lora_request: Any = None,
+        lora_scale: float | None = None,
         **kwargs: Any,
     ) -> DiffusionOutput:
         """One sample for ``prompt_ids`` (the N=1 case of :meth:`generate_batched`)."""
         (output,) = await self.generate_batched(
-            prompt_ids, sampling_params, request_id, num_outputs_per_prompt=1, negative_prompt_ids=negative_prompt_ids
+            prompt_ids,
+            sampling_params,
+            request_id,
+            num_outputs_per_prompt=1,
+            negative_prompt_ids=negative_prompt_ids,
+            lora_request=lora_request,
+            lora_scale=lora_scale,
         )
         return output
 
@@ -104,18 +113,25 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         request_id: str,
         num_outputs_per_prompt: int,
         negative_prompt_ids: list[int] | None = None,
+        lora_request: Any = None,
+        lora_scale: float | None = None,
         **kwargs: Any,
     ) -> list[DiffusionOutput]:
         """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch).
 
+        ``prompt_ids`` / ``negative_prompt_ids`` keep verl's server argument names; inside the rollout
+        path they are ``prompt_token_ids``, as vLLM names them. ``lora_request`` / ``lora_scale`` select
+        an adapter for this request only (default: the adapter pushed with :meth:`load_lora_tensors`).
         Each output's ``extra_fields["request_id"]`` is the id this server ran the request under.
         """
         outputs = await self._engine_call(
             request_id,
             num_outputs_per_prompt,
-            prompt_ids=prompt_ids,
+            prompt_token_ids=prompt_ids,
             sampling_params=sampling_params,
-            negative_prompt_ids=negative_prompt_ids,
+            negative_prompt_token_ids=negative_prompt_ids,
+            lora_request=lora_request,
+            lora_scale=lora_scale,
         )
         for output in outputs:
             output.extra_fields["request_id"] = request_id

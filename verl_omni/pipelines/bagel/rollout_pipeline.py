@@ -1,0 +1,261 @@
+"""vLLM-Omni BAGEL pipeline that samples with the Flow-GRPO SDE step and records log-probs.
+
+Plugged into vLLM-Omni through ``custom_pipeline_args`` (``pipeline_class`` =
+``verl_omni.pipelines.bagel.rollout_pipeline.BagelPipelineWithLogProb``), single-stage (the DiT
+stage prefills the prompt itself) or as the DiT stage of the thinker + DiT deploy (the prompt's
+KV cache arrives from the thinker). It reuses the stock pipeline for the text context, the
+packed latent layout, BAGEL's CFG (``Bagel.generate_image``) and VAE decoding; only the step
+changes: :class:`BagelSDEStep` puts the shared SDE step (one implementation,
+:mod:`verl_omni.pipelines.schedulers.flow_match_sde`) behind BAGEL's step convention
+``step(velocity, σ, x_t, dt)`` with the request's shifted sigmas.
+
+A request's prompt is ``{"prompt_token_ids": [...], "negative_prompt_token_ids": [...]}`` (ids of
+``<|im_start|>`` text ``<|im_end|>``, see :func:`~verl_omni.pipelines.bagel.training_adapter.prompt_token_ids`).
+``num_inference_steps`` counts SDE/ODE transitions (BAGEL's ``num_timesteps`` is one more).
+``true_cfg_scale`` is BAGEL's text-CFG scale; ``extra_args`` may set ``timestep_shift``,
+``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min`` besides the
+Flow-GRPO keys of :mod:`verl_omni.pipelines.rollout_request`.
+
+Per request the output carries, batched over its N samples, the same layout as Qwen-Image's:
+``image`` (N PIL images) and a ``trajectory`` with ``latents`` [N, W+1, S, C] (packed latent
+tokens), ``log_probs`` [N, W], ``timesteps`` [N, W] (σ), ``window_start`` [N] and the token ids
+the trainer replays with, ``prompt_token_ids`` / ``negative_prompt_token_ids`` [N, L] and their masks.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from vllm_omni.diffusion.data import DiffusionOutput
+from vllm_omni.diffusion.models.bagel.bagel_transformer import NaiveCache
+from vllm_omni.diffusion.models.bagel.pipeline_bagel import BagelPipeline
+
+from verl_omni.pipelines.bagel.training_adapter import (
+    DEFAULT_GUIDANCE,
+    DEFAULT_TIMESTEP_SHIFT,
+    guidance_from,
+    set_bagel_schedule,
+)
+from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CFG_TEXT_SCALE = 4.0
+DEFAULT_NUM_STEPS = 50
+# how far BAGEL's own σ may be from ours at the same step (it computes the schedule on the latents' device)
+SIGMA_TOLERANCE = 1e-4
+
+
+class BagelSDEStep:
+    """The scheduler ``Bagel.generate_image`` steps with, for one sample: BAGEL's ``step(v, σ, x_t, dt)``
+    convention in front of :func:`sde_step_with_logprob`, recording the transitions inside the SDE window.
+
+    Args:
+        scheduler: a flow-match scheduler set to BAGEL's schedule (``set_bagel_schedule``).
+        noise_levels (`list[float]`): the sample's noise level at each step (0 outside its window).
+        generator (`torch.Generator`): the sample's noise source.
+        sde_type (`str`): ``"sde"`` or ``"cps"``.
+    """
+
+    def __init__(self, scheduler, noise_levels: list[float], generator: torch.Generator, sde_type: str):
+        self.scheduler = scheduler
+        self.noise_levels = noise_levels
+        self.generator = generator
+        self.sde_type = sde_type
+        self.index = 0
+        self.latents: list[torch.Tensor] = []
+        self.log_probs: list[torch.Tensor] = []
+        self.timesteps: list[torch.Tensor] = []
+
+    def step(self, velocity: torch.Tensor, sigma: torch.Tensor, x_t: torch.Tensor, dt: torch.Tensor, **_: Any):
+        """x_t ``[S, C]`` → x_{t'}; BAGEL's ``dt`` is σ − σ' (> 0), which our schedule must agree with."""
+        i = self.index
+        ours = self.scheduler.timesteps[i]
+        if abs(float(sigma) - float(ours)) > SIGMA_TOLERANCE:
+            raise RuntimeError(
+                f"BAGEL stepped at σ={float(sigma):.6f}, the SDE schedule has σ={float(ours):.6f} at step {i}"
+            )
+        level = self.noise_levels[i]
+        result = sde_step_with_logprob(
+            self.scheduler,
+            velocity[None],
+            ours,
+            x_t[None],
+            noise_level=level,
+            generator=[self.generator],
+            sde_type=self.sde_type,
+        )
+        prev = result.prev_sample[0]
+        if level > 0:
+            if not self.latents:
+                self.latents.append(x_t.detach().float().cpu())
+            self.latents.append(prev.detach().cpu())
+            self.log_probs.append(result.log_prob[0].detach().cpu())
+            self.timesteps.append(ours.detach().float().cpu())
+        self.index += 1
+        return SimpleNamespace(prev_sample=prev, log_prob=None)
+
+
+def _context(kv_len: int) -> dict:
+    return {"kv_lens": [kv_len], "ropes": [kv_len]}
+
+
+class BagelPipelineWithLogProb(BagelPipeline):
+    """BAGEL rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
+
+    # each request of an engine batch is denoised in turn (BAGEL packs one image per forward)
+    supports_request_batch = True
+    supports_step_execution = False
+    # vLLM-Omni's LoRA manager reads fused→logical projection names from ``stacked_params_mapping``
+    # attributes; BAGEL's loader keeps its mapping local, so a LoRA on gate_proj/up_proj (the
+    # trainer's names) would bind nothing on the fused gate_up_proj without this
+    stacked_params_mapping = ((".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1))
+
+    # ---- text context ------------------------------------------------------------------------
+
+    def _prefill(self, token_ids: list[int]) -> dict:
+        """KV context of ``token_ids`` by the understanding expert (an empty context for no ids)."""
+        context = {**_context(0), "past_key_values": NaiveCache(self.bagel.config.llm_config.num_hidden_layers)}
+        if not token_ids:
+            return context
+        inputs = {
+            "text_token_lens": torch.tensor([len(token_ids)], dtype=torch.int, device=self.device),
+            "packed_text_ids": torch.tensor(token_ids, dtype=torch.long, device=self.device),
+            "packed_text_position_ids": torch.arange(len(token_ids), dtype=torch.long, device=self.device),
+        }
+        context["past_key_values"] = self.bagel.forward_cache_update_text(context["past_key_values"], **inputs)
+        context.update(_context(len(token_ids)))
+        return context
+
+    def _contexts(self, request: RolloutRequest, sampling_params) -> tuple[dict, dict]:
+        """(conditional, text-unconditional) contexts: from the thinker's KV when injected, else prefilled."""
+        injected = sampling_params.past_key_values
+        if injected is None:
+            return self._prefill(request.prompt_token_ids), self._prefill(request.negative_prompt_token_ids or [])
+        cache = NaiveCache.from_object(injected)
+        length = cache.key_cache[0].shape[0]
+        metadata = sampling_params.kv_metadata or {}
+        cond = {"kv_lens": [length], "ropes": metadata.get("ropes", [length]), "past_key_values": cache}
+        negative = getattr(sampling_params, "cfg_text_past_key_values", None)
+        if negative is None:
+            return cond, self._prefill([])
+        negative = NaiveCache.from_object(negative)
+        n = negative.key_cache[0].shape[0]
+        neg_meta = getattr(sampling_params, "cfg_text_kv_metadata", None) or {}
+        return cond, {"kv_lens": [n], "ropes": neg_meta.get("ropes", [n]), "past_key_values": negative}
+
+    # ---- one request -------------------------------------------------------------------------
+
+    def _image_shape(self, sampling_params) -> tuple[int, int]:
+        limit = int(self.bagel.max_latent_size * self.bagel.latent_downsample)
+        height, width = int(sampling_params.height or limit), int(sampling_params.width or limit)
+        step = self.bagel.latent_downsample
+        if height > limit or width > limit or height % step or width % step:
+            raise ValueError(
+                f"height/width {height}x{width} must be multiples of {step} and at most {limit} for this checkpoint"
+            )
+        return height, width
+
+    def _sample(self, request, contexts, shape, noise_levels, generator, settings) -> tuple:
+        """Denoise one sample; returns (PIL image, its :class:`BagelSDEStep` recording)."""
+        cond, uncond = contexts
+        scheduler = FlowMatchSDEDiscreteScheduler()
+        set_bagel_schedule(scheduler, settings["num_steps"], settings["timestep_shift"])
+        stepper = BagelSDEStep(scheduler, noise_levels, generator, request.sde_type)
+        inputs = self.bagel.prepare_vae_latent(cond["kv_lens"], cond["ropes"], [shape], self.new_token_ids)
+        noise = inputs["packed_init_noises"]
+        inputs["packed_init_noises"] = torch.randn(noise.shape, generator=generator, dtype=torch.float32, device="cpu")
+        inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
+        cfg_text = self.bagel.prepare_vae_latent_cfg(uncond["kv_lens"], uncond["ropes"], [shape])
+        cfg_img = self.bagel.prepare_vae_latent_cfg(cond["kv_lens"], cond["ropes"], [shape])
+        guidance = settings["guidance"]
+        latents, *_ = self.bagel.generate_image(
+            past_key_values=cond["past_key_values"],
+            cfg_text_past_key_values=uncond["past_key_values"],
+            # text-to-image: the image-free branch is the conditional context itself (read-only in the gen pass)
+            cfg_img_past_key_values=cond["past_key_values"],
+            num_timesteps=settings["num_steps"] + 1,
+            timestep_shift=settings["timestep_shift"],
+            cfg_text_scale=guidance.text_scale,
+            cfg_img_scale=guidance.image_scale,
+            cfg_interval=guidance.interval,
+            cfg_renorm_min=guidance.renorm_min,
+            cfg_renorm_type=guidance.renorm_type,
+            cfg_text_packed_position_ids=cfg_text["cfg_packed_position_ids"].to(self.device),
+            cfg_img_packed_position_ids=cfg_img["cfg_packed_position_ids"].to(self.device),
+            scheduler=stepper,
+            **inputs,
+        )
+        image = self._decode_image_from_latent(self.bagel, self.vae, latents[0], shape)
+        return image, stepper
+
+    @staticmethod
+    def _settings(sampling_params) -> dict:
+        extra = dict(sampling_params.extra_args or {})
+        if "cfg_text_scale" in extra:
+            raise ValueError(
+                "set BAGEL's text-CFG scale with sampling_params.true_cfg_scale, not extra_args['cfg_text_scale']"
+            )
+        text_scale = (
+            sampling_params.true_cfg_scale if sampling_params.true_cfg_scale is not None else DEFAULT_CFG_TEXT_SCALE
+        )
+        return {
+            "num_steps": int(sampling_params.num_inference_steps or DEFAULT_NUM_STEPS),
+            "timestep_shift": float(extra.get("timestep_shift", DEFAULT_TIMESTEP_SHIFT)),
+            "guidance": guidance_from({k: extra[k] for k in DEFAULT_GUIDANCE if k in extra}, text_scale),
+        }
+
+    def _generate(self, prompt, sampling_params) -> DiffusionOutput:
+        settings = self._settings(sampling_params)
+        request = parse_rollout_request(prompt, sampling_params, settings["num_steps"])
+        shape = self._image_shape(sampling_params)
+        contexts = self._contexts(request, sampling_params)
+        images, steppers = [], []
+        for i, generator in enumerate(request.generators(torch.device("cpu"))):
+            levels = [request.noise_levels_at(step)[i] for step in range(settings["num_steps"])]
+            image, stepper = self._sample(request, contexts, shape, levels, generator, settings)
+            images.append(image)
+            steppers.append(stepper)
+        return DiffusionOutput(output={"payload": {"image": images, "trajectory": _trajectory(request, steppers)}})
+
+    def forward(self, req) -> list[DiffusionOutput] | DiffusionOutput:
+        """Denoise each request of ``req`` in turn; one output per request."""
+        if req.is_dummy_run():
+            # the engine's start-up warm-up request carries text, not token ids: stock path, at a resolution
+            # the checkpoint supports (the engine asks for 512x512, beyond small checkpoints' latent table)
+            limit = int(self.bagel.max_latent_size * self.bagel.latent_downsample)
+            for sp in req.sampling_params_list:
+                sp.height, sp.width = min(sp.height or limit, limit), min(sp.width or limit, limit)
+            return super().forward(req)
+        # BAGEL's layers mix fp32 inputs (timestep features, latents) with model-dtype weights: the stock
+        # pipeline autocasts to the model dtype on accelerators; so do we, on every device (CPU included)
+        dtype = self.od_config.dtype
+        autocast = torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype != torch.float32)
+        with torch.inference_mode(), autocast:
+            return [self._generate(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
+
+
+def _padded_ids(ids: list[int] | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``[N, L]`` (the same for the N samples of a request) and an all-ones mask."""
+    row = torch.tensor(ids or [], dtype=torch.long)
+    return row.expand(n, -1).clone(), torch.ones(n, row.numel(), dtype=torch.long)
+
+
+def _trajectory(request: RolloutRequest, steppers: list[BagelSDEStep]) -> dict[str, torch.Tensor]:
+    n = len(steppers)
+    prompt_ids, prompt_mask = _padded_ids(request.prompt_token_ids, n)
+    negative_ids, negative_mask = _padded_ids(request.negative_prompt_token_ids, n)
+    return {
+        "latents": torch.stack([torch.stack(s.latents) for s in steppers]),
+        "log_probs": torch.stack([torch.stack(s.log_probs) for s in steppers]),
+        "timesteps": torch.stack([torch.stack(s.timesteps) for s in steppers]),
+        "window_start": torch.tensor(request.window_starts),
+        "prompt_token_ids": prompt_ids,
+        "prompt_token_ids_mask": prompt_mask,
+        "negative_prompt_token_ids": negative_ids,
+        "negative_prompt_token_ids_mask": negative_mask,
+    }
