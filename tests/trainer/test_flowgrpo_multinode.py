@@ -56,7 +56,9 @@ def _stop(root: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """``(address, env)`` of a head + one worker node started here; stopped by PID afterwards."""
+    """``(address, env, dashboard)`` of a head + one worker node started here; stopped by PID afterwards.
+
+    The head runs a dashboard on a free port: the state API (``list_actors``) is served by it."""
     root = tempfile.mkdtemp(prefix="rmn_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     repo = str(Path(__file__).resolve().parents[2])
     env = {
@@ -67,10 +69,19 @@ def cluster():
     }
     port = _free_port()
     address = f"127.0.0.1:{port}"
+    dashboard_port = _free_port()
     common = [f"--num-cpus={CPUS_PER_NODE}", "--disable-usage-stats"]
     try:
         subprocess.run(
-            [RAY, "start", "--head", f"--port={port}", f"--temp-dir={root}/head", "--include-dashboard=false", *common],
+            [
+                RAY,
+                "start",
+                "--head",
+                f"--port={port}",
+                f"--temp-dir={root}/head",
+                f"--dashboard-port={dashboard_port}",
+                *common,
+            ],
             env=env,
             check=True,
             timeout=300,
@@ -81,7 +92,7 @@ def cluster():
             check=True,
             timeout=300,
         )
-        yield address, env
+        yield address, env, f"http://127.0.0.1:{dashboard_port}"
     finally:
         _stop(root)
 
@@ -90,7 +101,7 @@ def test_training_step_on_an_existing_two_node_cluster(cluster, tiny_qwen_image_
     import ray
     from ray.util.state import list_actors
 
-    address, env = cluster
+    address, env, dashboard = cluster
     out = tmp_path / "run"
     records, wall = run_trainer(
         out,
@@ -110,7 +121,7 @@ def test_training_step_on_an_existing_two_node_cluster(cluster, tiny_qwen_image_
 
     ray.init(address=address)
     try:
-        actors = list_actors(detail=True, limit=1000)
+        actors = list_actors(address=dashboard, detail=True, limit=1000)
         ranks = [a for a in actors if a.class_name == "DiffusionActorWorker"]
         assert len(ranks) == 2
         assert len({a.node_id for a in actors}) == 2, "the run's actors were placed on both nodes"

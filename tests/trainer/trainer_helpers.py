@@ -39,6 +39,7 @@ def run_trainer(out: Path, model: Path, prompts, *overrides: str, env: dict | No
         "actor_rollout_ref.rollout.height=32",
         "actor_rollout_ref.rollout.width=32",
         "actor_rollout_ref.rollout.num_inference_steps=4",
+        "actor_rollout_ref.rollout.sde_window_size=2",
         "actor_rollout_ref.rollout.true_cfg_scale=4.0",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
