@@ -101,10 +101,16 @@ class ModelAdapter:
 
     @classmethod
     def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
-        """Shape check of the recorded ``all_latents`` ``[B, W+1, ...]`` against ``all_timesteps`` ``[B, W]``."""
-        if timesteps.ndim != 2 or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1):
+        """Shape check of the recorded ``all_latents`` ``[B, W+1, S, C]`` (packed latent tokens) against
+        ``all_timesteps`` ``[B, W]``; every adapter's rollout records latents in this layout."""
+        if (
+            latents.ndim != 4
+            or timesteps.ndim != 2
+            or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1)
+        ):
             raise ValueError(
-                f"all_latents {tuple(latents.shape)} must be [B, W+1, ...] for all_timesteps {tuple(timesteps.shape)} [B, W]"
+                f"all_latents {tuple(latents.shape)} must be [B, W+1, S, C] (packed latent tokens) "
+                f"for all_timesteps {tuple(timesteps.shape)} [B, W]"
             )
 
     @classmethod

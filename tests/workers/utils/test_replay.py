@@ -28,7 +28,7 @@ def test_cfg_replay_without_negative_embeddings_names_them():
 def test_latents_must_hold_one_more_step_than_timesteps():
     batch = _batch()
     batch["all_timesteps"] = torch.zeros(3, 3)
-    with pytest.raises(ValueError, match=r"\[B, W\+1, N, C\]"):
+    with pytest.raises(ValueError, match=r"\[B, W\+1, S, C\]"):
         check_replay_batch(batch, ReplaySpec(4, 32, 32), QwenImageTrainingAdapter)
 
 

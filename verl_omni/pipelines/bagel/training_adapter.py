@@ -112,18 +112,6 @@ class BagelTrainingAdapter(ModelAdapter):
         set_bagel_schedule(scheduler, spec.num_inference_steps, shift)
 
     @classmethod
-    def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
-        if (
-            latents.ndim != 4
-            or timesteps.ndim != 2
-            or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1)
-        ):
-            raise ValueError(
-                f"all_latents {tuple(latents.shape)} must be [B, W+1, S, C] (packed latent tokens) "
-                f"for all_timesteps {tuple(timesteps.shape)} [B, W]"
-            )
-
-    @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int = 1) -> torch.Tensor:
         """Guided velocity ``[B, S, C]`` at recorded step ``step`` (one forward of the possibly sharded module)."""
         negative = _rows(batch, "negative_prompt_token_ids") if spec.uses_cfg else None

@@ -98,17 +98,6 @@ class QwenImageTrainingAdapter(ModelAdapter):
         cls.set_timesteps(scheduler, spec.num_inference_steps, image_seq_len)
 
     @classmethod
-    def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
-        if (
-            latents.ndim != 4
-            or timesteps.ndim != 2
-            or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1)
-        ):
-            raise ValueError(
-                f"all_latents {tuple(latents.shape)} must be [B, W+1, N, C] for all_timesteps {tuple(timesteps.shape)} [B, W]"
-            )
-
-    @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
         """Velocity at recorded step ``step``: packed latents, recorded prompt embeddings, true CFG when on."""
         x = batch["all_latents"][:, step]
