@@ -52,6 +52,17 @@ def one(tiny_qwen_image_path, prompt_files, tmp_path_factory):
     return out, records
 
 
+# the 2 replicas + 2 ranks run; its resumed copy must use exactly the same settings
+TWO_RANK_ARGS = (
+    "trainer.total_training_steps=3",
+    "trainer.test_freq=3",
+    "trainer.save_freq=1",
+    "trainer.n_gpus_per_node=2",
+    "actor_rollout_ref.rollout.n_gpus_per_node=2",
+    "actor_rollout_ref.actor.use_rollout_log_probs=true",
+)
+
+
 @pytest.fixture(scope="module")
 def two(tiny_qwen_image_path, prompt_files, tmp_path_factory):
     out = tmp_path_factory.mktemp("two") / "run"
@@ -59,12 +70,7 @@ def two(tiny_qwen_image_path, prompt_files, tmp_path_factory):
         out,
         tiny_qwen_image_path,
         prompt_files,
-        "trainer.total_training_steps=3",
-        "trainer.test_freq=3",
-        "trainer.save_freq=1",
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.n_gpus_per_node=2",
-        "actor_rollout_ref.actor.use_rollout_log_probs=true",
+        *TWO_RANK_ARGS,
     )
     print(f"2 replicas + 2 ranks, 3 steps: {wall:.0f} s")
     return out, records
@@ -81,12 +87,7 @@ def resumed(two, tiny_qwen_image_path, prompt_files, tmp_path_factory):
         out,
         tiny_qwen_image_path,
         prompt_files,
-        "trainer.total_training_steps=3",
-        "trainer.test_freq=3",
-        "trainer.save_freq=1",
-        "trainer.n_gpus_per_node=2",
-        "actor_rollout_ref.rollout.n_gpus_per_node=2",
-        "actor_rollout_ref.actor.use_rollout_log_probs=true",
+        *TWO_RANK_ARGS,
         "trainer.val_before_train=false",
     )
     print(f"resume at step 2, 1 step: {wall:.0f} s")

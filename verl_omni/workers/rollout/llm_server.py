@@ -78,9 +78,8 @@ class OmniLLMServerClient(LLMServerClient):
         negative_prompt_ids: list[int] | None = None,
         routing_key: str | None = None,
     ) -> list[DiffusionOutput]:
-        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch)."""
-        if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
-            raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
+        """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch);
+        the server rejects ``num_outputs_per_prompt < 1`` before its engine is touched."""
         return await self._call(
             "generate_batched",
             request_id,
