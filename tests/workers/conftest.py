@@ -34,10 +34,10 @@ def loop():
     runner.stop()
 
 
-def _started_engine(loop, model_path, dtype):
+def _started_engine(loop, model_path, dtype, max_batch_requests: int = 8, **engine_kwargs):
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
-    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, max_batch_requests=8)
+    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, max_batch_requests=max_batch_requests, **engine_kwargs)
 
     async def start():
         rollout.start()
@@ -71,6 +71,25 @@ def engine(tiny_qwen_image_path, loop):
 def bf16_engine(tiny_qwen_image_bf16_path, loop):
     """The rollout engine on the bf16 tiny model, as GPU engines run it."""
     rollout = _started_engine(loop, tiny_qwen_image_bf16_path, "bfloat16")
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def bagel_engine(tiny_bagel_path, loop):
+    """The BAGEL DiT stage alone (CPU-capable); bf16, as vLLM-Omni's BAGEL generation path casts to it."""
+    from verl_omni.pipelines.bagel import vllm_omni_deploy_config
+
+    deploy = vllm_omni_deploy_config("bagel_single_stage")
+    rollout = _started_engine(loop, tiny_bagel_path, "bfloat16", max_batch_requests=4, deploy_config=deploy)
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
+def thinker_dit_engine(tiny_bagel_bf16_path, loop):
+    """BAGEL with its thinker and DiT stages (the thinker needs vLLM's CUDA engine)."""
+    rollout = _started_engine(loop, tiny_bagel_bf16_path, "bfloat16", max_batch_requests=4)
     yield rollout
     rollout.shutdown()
 

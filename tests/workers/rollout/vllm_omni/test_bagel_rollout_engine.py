@@ -29,27 +29,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bagel_engine(tiny_bagel_path, loop):
-    from verl_omni.pipelines.bagel import vllm_omni_deploy_config
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    # the released BAGEL runs in bf16 and vLLM-Omni's generation path casts activations to bf16
-    rollout = OmniRolloutEngine(
-        str(tiny_bagel_path),
-        dtype="bfloat16",
-        max_batch_requests=4,
-        deploy_config=vllm_omni_deploy_config("bagel_single_stage"),
-    )
-
-    async def start():
-        rollout.start()
-
-    loop.run(start())
-    yield rollout
-    rollout.shutdown()
-
-
-@pytest.fixture(scope="module")
 def bagel_prompts(tiny_bagel_path):
     from transformers import AutoTokenizer
 

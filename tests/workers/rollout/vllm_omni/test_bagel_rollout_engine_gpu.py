@@ -27,20 +27,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def thinker_dit_engine(tiny_bagel_bf16_path, loop):
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    rollout = OmniRolloutEngine(str(tiny_bagel_bf16_path), dtype="bfloat16", max_batch_requests=4)
-
-    async def start():
-        rollout.start()
-
-    loop.run(start())
-    yield rollout
-    rollout.shutdown()
-
-
-@pytest.fixture(scope="module")
 def ids(tiny_bagel_bf16_path):
     from transformers import AutoTokenizer
 
