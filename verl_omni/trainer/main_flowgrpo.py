@@ -75,8 +75,22 @@ def init_ray(config: DictConfig, device: str) -> None:
     ray.init(runtime_env=runtime_env, include_dashboard=False, **kwargs)
 
 
+def keep_log_level() -> None:
+    """Stop an import from raising the root logger to ERROR, which hides the trainer's progress lines.
+
+    vLLM's serving routers import ``model_hosting_container_standards``, which sets the root logger
+    and its handlers to ``SAGEMAKER_CONTAINER_LOG_LEVEL`` (default ERROR) at import time; the
+    trainer imports vLLM lazily, after Hydra configured logging. Keep the level Hydra set unless
+    the variable was given.
+    """
+    os.environ.setdefault(
+        "SAGEMAKER_CONTAINER_LOG_LEVEL", logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    )
+
+
 def run_flowgrpo(config: DictConfig) -> None:
     """Resolve, validate, start Ray, train."""
+    keep_log_level()
     import torch
 
     from verl_omni.trainer.config.validation import validate_config
