@@ -91,6 +91,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
     # ---- setup -----------------------------------------------------------------------------
 
     def _setup(self):
+        self._check_device_layout()
         self._init_tokenizer()
         self._init_dataloader()
         self._init_actor()
@@ -103,6 +104,21 @@ class RayFlowGRPOTrainer(PPOTrainer):
         """A resumed actor's LoRA goes to the rollout before the first step."""
         if self.global_steps > 0:
             self._sync_weights({})
+
+    def _check_device_layout(self):
+        """Fail before any placement group waits forever: the layout must fit the cluster's GPUs."""
+        if self.device != "cuda":
+            return
+        trainer, rollout = self.configs.trainer, self.config.actor_rollout_ref.rollout
+        actor_gpus = trainer.nnodes * trainer.n_gpus_per_node
+        rollout_gpus = 0 if self.colocate else rollout.nnodes * rollout.n_gpus_per_node
+        available = int(ray.cluster_resources().get("GPU", 0))
+        if actor_gpus + rollout_gpus > available:
+            raise ValueError(
+                f"the actor asks {actor_gpus} GPUs (trainer.nnodes x trainer.n_gpus_per_node) and the standalone "
+                f"rollout {rollout_gpus} (actor_rollout_ref.rollout.nnodes x n_gpus_per_node), the Ray cluster has "
+                f"{available}: set trainer.colocate_rollout=true to put the rollout on the actor's GPUs"
+            )
 
     def _init_tokenizer(self):
         """The diffusion checkpoint's text tokenizer (``<model>/tokenizer``), for verl's dataset."""

@@ -52,6 +52,9 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         engine_kwargs = dict((self.config.get("engine_kwargs", {}) or {}).get("vllm_omni", {}) or {})
         # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
         max_batch_requests = int(engine_kwargs.pop("max_num_seqs", DEFAULT_MAX_BATCH_REQUESTS))
+        if self._sleeps():
+            # weights go through vLLM's CuMem pool so that sleep(level=1) can offload them
+            engine_kwargs.setdefault("enable_sleep_mode", True)
         model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
         self.omni = OmniRolloutEngine(
             str(model_path),
@@ -63,6 +66,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         self.omni.start()
         self.engine = self.omni.engine
         self._inflight: set[str] = set()
+        self._asleep = False
         self._server_port = 0
 
     async def shutdown(self) -> None:
@@ -149,18 +153,33 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         """Full transformer weights (diffusers names) through the pipeline's ``load_weights``."""
         return await self.omni.load_weights(weights)
 
+    def _sleeps(self) -> bool:
+        """Whether this server gives its device memory back during the actor phases.
+
+        Only a server on the actor's devices (colocated) with ``free_cache_engine`` on an
+        accelerator; a standalone server owns its devices, and on CPU nothing is offloaded.
+        """
+        return (
+            self.node_rank == 0
+            and self.rollout_mode != RolloutMode.STANDALONE
+            and bool(self.config.free_cache_engine)
+            and torch.cuda.is_available()
+        )
+
     async def wake_up(self, tags: list[str] | None = None):
-        if self.node_rank != 0 or not torch.cuda.is_available():
-            return  # CPU: nothing was offloaded
-        if self.rollout_mode != RolloutMode.STANDALONE:
+        if self._sleeps() and self._asleep:
             await self.engine.wake_up()
+            self._asleep = False
 
     async def sleep(self):
-        if self.node_rank != 0 or not self.config.free_cache_engine or not torch.cuda.is_available():
-            return  # CPU: no device memory to give back
-        if self.rollout_mode != RolloutMode.STANDALONE:
-            # level 1 offloads weights to host memory: the text encoder and VAE survive
+        if self._sleeps() and not self._asleep:
+            await self.wait_for_requests_to_drain()
+            free_before = torch.cuda.mem_get_info()[0]
+            # level 1 moves the weights to host memory and restores them on wake-up (level 2 drops them)
             await self.engine.sleep(level=1)
+            self._asleep = True
+            freed = (torch.cuda.mem_get_info()[0] - free_before) / 2**30
+            logger.info("rollout replica %d asleep: %.1f GiB of device memory freed", self.replica_rank, freed)
 
     async def abort_all_requests(self, reset_prefix_cache: bool = True, reject_request: bool = False) -> dict[str, Any]:
         request_ids = sorted(self._inflight)

@@ -1,0 +1,74 @@
+"""The trainer on one GPU: actor and rollout colocated, the rollout asleep during the actor phases.
+
+One run of the real entry point (tiny Qwen-Image in bf16, 2 steps): the replica is placed on the
+actor's GPU (``trainer.colocate_rollout=true``), its engine offloads its weights after each
+generation (``sleep(level=1)``) and gets them back before the LoRA push. Step 2 samples after a
+sleep/wake cycle: had the weights come back wrong, the actor's replay of step 2's samples would
+disagree with the rollout's log-probs far beyond step 1's bf16 difference.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from trainer_helpers import REPO, by_step, run_trainer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
+
+ONE_GPU = ("trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
+
+
+@pytest.fixture(scope="module")
+def colocated(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "run"
+    records, wall = run_trainer(
+        out,
+        tiny_qwen_image_bf16_path,
+        prompt_files,
+        *ONE_GPU,
+        "trainer.colocate_rollout=true",
+        "actor_rollout_ref.rollout.free_cache_engine=true",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+    )
+    print(f"colocated on one GPU, 2 steps: {wall:.0f} s")
+    return out, records
+
+
+def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated):
+    run, records = colocated
+    metrics = by_step(records)
+    assert sorted(metrics) == [0, 1, 2]
+    diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
+    print(f"actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 (after sleep/wake) {diffs[1]:.3g}")
+    print({k: round(v, 3) for k, v in metrics[2].items() if k.startswith("timing_s/")})
+    assert diffs[1] <= 10 * max(diffs[0], 1e-3)
+    assert metrics[2]["sync/lora_modules_bound_min"] > 0
+    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained LoRA reached the rollout"
+
+
+def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_image_bf16_path, prompt_files, tmp_path):
+    """One GPU cannot hold a standalone replica's GPU bundle and the actor's: a clear error, not a wait."""
+    train, val = prompt_files
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verl_omni.trainer.main_flowgrpo",
+            f"actor_rollout_ref.model.path={tiny_qwen_image_bf16_path}",
+            f"data.train_files={train}",
+            f"data.val_files={val}",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            *ONE_GPU,
+            "trainer.colocate_rollout=false",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode != 0
+    assert "trainer.colocate_rollout=true" in proc.stderr
