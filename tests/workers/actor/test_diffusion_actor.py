@@ -53,3 +53,23 @@ def test_epochs_times_mini_batches_optimizer_steps(process_group, tiny_qwen_imag
     # the second mini-batch of epoch 0 is replayed after one step: its log-probs have moved
     assert metrics["actor/logprob_diff_max"] > 0
     assert metrics["actor/ratio_max_abs_dev"] > 0
+
+
+def test_bf16_base_keeps_fp32_lora_master_weights(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
+    """``engine.model_dtype=bf16`` halves the frozen base; the trained adapter must stay fp32 (an lr-1e-4
+    step on a bf16 weight of size ~1 rounds to nothing)."""
+    from verl_omni.workers.utils.replay import ReplaySpec
+
+    rec = recorded_qwen_image_batch[1]
+    actor = _actor(tiny_qwen_image_path, engine_kwargs={"model_dtype": "bf16"}, ppo_mini_batch_size=4)
+    params = dict(actor.engine.module.named_parameters())
+    lora = {n: p for n, p in params.items() if "lora_" in n}
+    base = [p for n, p in params.items() if "lora_" not in n]
+    assert lora and all(p.dtype == torch.float32 for p in lora.values())
+    assert base and all(p.dtype == torch.bfloat16 for p in base)
+    before = {n: p.detach().full_tensor().clone() for n, p in lora.items() if "lora_B" in n}
+    batch = _batch(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    spec = ReplaySpec(**rec["spec"])
+    batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+    actor.update_policy(batch, spec)
+    assert any(not torch.equal(before[n], lora[n].detach().full_tensor()) for n in before)

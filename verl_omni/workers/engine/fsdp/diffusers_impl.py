@@ -106,6 +106,11 @@ class DiffusersFSDPEngine(FSDPEngine):
             )
         )
         trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+        # the adapter's master weights stay fp32 when the frozen base is bf16 (engine.model_dtype):
+        # an optimizer step on bf16 weights would round small updates away
+        for param in module.parameters():
+            if param.requires_grad and param.dtype != torch.float32:
+                param.data = param.data.float()
         if not trainable or any("lora_" not in n for n in trainable):
             raise RuntimeError(
                 f"LoRA on targets {targets} made {len(trainable)} trainable tensors (expected lora_A/lora_B only): "
