@@ -5,8 +5,10 @@
 # Needs: a diffusers Qwen-Image directory (MODEL_PATH), the OCR prompt set
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
-# One GPU: the rollout replica and the actor share it (NGPUS=1); more GPUs: NGPUS actor ranks and
-# as many rollout replicas. Extra arguments are Hydra overrides. See docs/trainer.md.
+# The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
+# weights while the actor trains: one GPU (NGPUS=1) holds both; more GPUs: NGPUS actor ranks and as
+# many rollout replicas. The actor's frozen base is bf16, its LoRA fp32. Extra arguments are Hydra
+# overrides. See docs/trainer.md.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen-Image}
@@ -43,6 +45,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.actor.optim.weight_decay=1e-4 \
     actor_rollout_ref.actor.optim.clip_grad=1.0 \
     actor_rollout_ref.actor.engine.seed=42 \
+    actor_rollout_ref.actor.engine.model_dtype=bf16 \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/val.parquet" \
     data.train_batch_size=4 \
@@ -52,6 +55,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     trainer.device=cuda \
     trainer.nnodes="$NNODES" \
     trainer.n_gpus_per_node="$NGPUS" \
+    trainer.colocate_rollout=true \
     trainer.experiment_name=qwen_image_ocr_lora \
     trainer.default_local_dir="$OUT" \
     trainer.logger='["console","file","tensorboard"]' \

@@ -108,6 +108,9 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix)
         self.scheduler = FlowMatchSDEDiscreteScheduler.from_config(self.scheduler.config)
+        # a rollout batch is n x requests images (128 at the 512² recipe): decoding them in one VAE call
+        # needs tens of GB beside a colocated actor; one image at a time costs little time
+        self.vae.enable_slicing()
         # requests per transformer batch, in order: read by the worker extension (batching metric)
         self.request_batch_sizes: list[int] = []
 

@@ -1,0 +1,123 @@
+"""Full Flow-GRPO steps of the Qwen-Image OCR LoRA recipe on one GPU, timed per phase.
+
+Runs ``examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh`` (512², 10 steps, true CFG 4, window
+2 in [0, 5], noise 1.2, LoRA r64, n=16, actor and rollout colocated on the GPU) for a few steps
+on a full-size Qwen-Image checkpoint with random weights, with a cheap reward in place of the
+OCR server (``jpeg_compressibility``: the timing of generation and training does not depend on
+what scores the images). Prints, per step and phase, seconds and images per GPU-second.
+
+The checkpoint is a real directory that ``model.path`` points at, written once by
+``--write-model``: the released transformer architecture (20.4 B) with random bf16 weights, the
+full-size VAE, and the tiny text side of ``benchmarks/random_weights.py`` (prompt encoding is
+not what is timed). FLOPs do not depend on the weights.
+
+    python3 benchmarks/flowgrpo_recipe_step.py --model /tmp/qwen_image_random --write-model \
+        --prompts 8 --steps 2 --out /tmp/recipe
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh"
+PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "sync", "step")
+
+
+def write_random_checkpoint(out: Path) -> None:
+    """The full-size transformer with random bf16 weights saved as safetensors, beside the rest."""
+    from diffusers import QwenImageTransformer2DModel
+    from random_weights import fill_random_, write_full_size_model_dir
+
+    start = time.perf_counter()
+    write_full_size_model_dir(out)
+    config = QwenImageTransformer2DModel.load_config(out / "transformer")
+    with torch.device("meta"):
+        transformer = QwenImageTransformer2DModel.from_config(config).to(torch.bfloat16)
+    transformer = transformer.to_empty(device="cuda")
+    fill_random_(transformer)
+    transformer.to("cpu").save_pretrained(out / "transformer", max_shard_size="10GB")
+    # the trainer's processes share this GPU: give back this process's cached 40 GB
+    del transformer
+    torch.cuda.empty_cache()
+    size = sum(f.stat().st_size for f in (out / "transformer").glob("*.safetensors")) / 1e9
+    print(f"[recipe] wrote {size:.1f} GB of random transformer weights to {out} in {time.perf_counter() - start:.0f} s")
+
+
+def run_steps(model: Path, data: Path, out: Path, prompts: int, steps: int, extra: list[str]) -> None:
+    """The launcher with the recipe unchanged except batch size, step count, reward and logging."""
+    overrides = [
+        f"data.train_batch_size={prompts}",
+        f"trainer.total_training_steps={steps}",
+        "'reward.diffusion.scorers=[{type: jpeg_compressibility}]'",
+        "reward.diffusion.num_workers=4",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=0",
+        "trainer.save_freq=0",
+        "trainer.logger=[console,file]",
+        *extra,
+    ]
+    env = {**os.environ, "MODEL_PATH": str(model), "DATA_DIR": str(data), "OUT": str(out), "NGPUS": "1"}
+    command = f"bash {LAUNCHER} " + " ".join(overrides)
+    print(f"[recipe] {command}", flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, shell=True, check=True, env=env, cwd=REPO)
+    print(f"[recipe] trainer process: {time.perf_counter() - start:.0f} s")
+
+
+def report(out: Path, images_per_step: int) -> list[dict]:
+    """Per step: seconds and images per GPU-second of each phase (one GPU holds every phase)."""
+    rows = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        data = record["data"]
+        row = {"step": record["step"], "images": images_per_step}
+        for phase in PHASES:
+            seconds = data.get(f"timing_s/{phase}")
+            if seconds is not None:
+                row[f"{phase}_s"] = round(seconds, 2)
+                row[f"{phase}_img_per_gpu_s"] = round(images_per_step / seconds, 3)
+        for key in ("old_log_prob/rollout_diff_max", "actor/logprob_diff_max", "actor/grad_norm", "critic/score/mean"):
+            if key in data:
+                row[key] = data[key]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=Path, required=True, help="checkpoint directory (written by --write-model)")
+    p.add_argument("--write-model", action="store_true", help="write the random full-size checkpoint first")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (x16 samples each)")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path("/tmp/flowgrpo_recipe"))
+    p.add_argument("--json", type=Path, default=None, help="write the per-step rows here")
+    p.add_argument("overrides", nargs="*", help="further Hydra overrides for the launcher")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("the recipe step needs a CUDA GPU")
+    sys.path.insert(0, str(Path(__file__).parent))
+    if args.write_model:
+        write_random_checkpoint(args.model)
+    from verl_omni.utils.dataset.t2i_prompts import ocr_rows, write_parquet
+
+    data = args.out / "data"
+    write_parquet(ocr_rows(max(args.prompts * args.steps, 16), "train", 0, 2), data / "train.parquet")
+    write_parquet(ocr_rows(16, "val", 0, 2), data / "val.parquet")
+    run_steps(args.model, data, args.out / "run", args.prompts, args.steps, args.overrides)
+    rows = report(args.out / "run", args.prompts * 16)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
