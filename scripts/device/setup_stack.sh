@@ -13,3 +13,5 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target /
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >&2
 PYTHONPATH=/tmp/site-verl-omni:$PYTHONPATH python3 -c "import torch, vllm, vllm_omni, diffusers, verl; print('torch', torch.__version__, 'vllm', vllm.__version__, 'vllm_omni', vllm_omni.__version__, 'diffusers', diffusers.__version__, 'verl', verl.__version__)" >&2
 echo "export PYTHONPATH=/tmp/site-verl-omni:$PYTHONPATH"
+# the bundle carries no flashinfer: vLLM's AR sampler (BAGEL's thinker stage) must use its own top-k/top-p
+echo "export VLLM_USE_FLASHINFER_SAMPLER=0"

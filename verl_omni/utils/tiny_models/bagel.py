@@ -30,6 +30,8 @@ MAX_LATENT_SIZE = 8  # latent tokens per image side: images up to 8 * 16 = 128 p
 VIT_HIDDEN = 32
 VIT_PATCH = 14
 VIT_MAX_PATCHES_PER_SIDE = 4
+# vLLM-Omni's BAGEL thinker marks an image to edit with Qwen2's FIM token
+BAGEL_IMG2IMG_TOKEN = "<|fim_middle|>"
 
 
 def _llm_config(vocab_size: int, tokenizer) -> dict:
@@ -43,7 +45,7 @@ def _llm_config(vocab_size: int, tokenizer) -> dict:
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "hidden_act": "silu",
-        "max_position_embeddings": 4096,
+        "max_position_embeddings": 32768,  # as the released BAGEL; vLLM profiles the thinker up to it
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
@@ -151,6 +153,8 @@ def build_tiny_bagel(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Pa
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_qwen2_tokenizer()
+    # the thinker profiles its image-editing input at start-up: the real tokenizer has the token
+    tokenizer.add_tokens([BAGEL_IMG2IMG_TOKEN], special_tokens=True)
     tokenizer.save_pretrained(out_dir)
     side = VIT_PATCH * VIT_MAX_PATCHES_PER_SIDE
     SiglipImageProcessor(size={"height": side, "width": side}).save_pretrained(out_dir)
