@@ -1,11 +1,14 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end on the tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-Three trainer runs (each a subprocess of the real entry point, its own local Ray), shared by
-the tests below:
+Three trainer runs (each a subprocess of the real entry point), shared by the tests below:
 
-* ``one``: 1 rollout replica + 1 actor rank, 2 steps, the actor recomputes log π_old;
-* ``two``: 2 replicas + 2 actor ranks, 3 steps, log π_old from the rollout, a checkpoint every step;
-* ``resumed``: ``two``'s directory as it was after step 2 (step 3's checkpoint removed), resumed.
+* ``one``: 1 rollout replica + 1 actor rank on the run's own local Ray, 2 steps, the actor
+  recomputes log π_old;
+* ``two``: 2 replicas + 2 actor ranks on an existing two-node Ray cluster (a head and a second
+  node process on this machine, ``ray_kwargs.ray_init.address``), 3 steps, log π_old from the
+  rollout, a checkpoint every step;
+* ``resumed``: ``two``'s directory as it was after step 2 (step 3's checkpoint removed), resumed
+  on the same cluster.
 
 Prompts have different token lengths (the rollout right-pads ``prompt_embeds``; the actor must
 replay the padded batch exactly). CFG 4, so the negative embeddings travel too.
@@ -52,34 +55,48 @@ def one(tiny_qwen_image_path, prompt_files, tmp_path_factory):
     return out, records
 
 
-# the 2 replicas + 2 ranks run; its resumed copy must use exactly the same settings
-TWO_RANK_ARGS = (
-    "trainer.total_training_steps=3",
-    "trainer.test_freq=3",
-    "trainer.save_freq=1",
-    "trainer.n_gpus_per_node=2",
-    "actor_rollout_ref.rollout.n_gpus_per_node=2",
-    "actor_rollout_ref.actor.use_rollout_log_probs=true",
-)
-
-
-@pytest.fixture(scope="module")
-def two(tiny_qwen_image_path, prompt_files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("two") / "run"
-    records, wall = run_trainer(
-        out,
-        tiny_qwen_image_path,
-        prompt_files,
-        *TWO_RANK_ARGS,
+def two_rank_args(address: str) -> tuple[str, ...]:
+    """The 2 replicas + 2 ranks run over two nodes (1 device each); its resumed copy must use exactly these settings."""
+    return (
+        f"ray_kwargs.ray_init.address={address}",
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=3",
+        "trainer.save_freq=1",
+        "trainer.nnodes=2",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.nnodes=2",
+        "actor_rollout_ref.rollout.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.use_rollout_log_probs=true",
     )
-    print(f"2 replicas + 2 ranks, 3 steps: {wall:.0f} s")
-    return out, records
+
+
+def actors_of_the_run(address: str, dashboard: str) -> list:
+    """The cluster's actors (alive or dead) as Ray's state API lists them."""
+    import ray
+    from ray.util.state import list_actors
+
+    ray.init(address=address)
+    try:
+        return list_actors(address=dashboard, detail=True, limit=1000)
+    finally:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def resumed(two, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+def two(two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    """The run, its records and the actors it placed (listed before ``resumed`` adds its own)."""
+    address, env, dashboard = two_node_cluster
+    out = tmp_path_factory.mktemp("two") / "run"
+    records, wall = run_trainer(out, tiny_qwen_image_path, prompt_files, *two_rank_args(address), env=env)
+    print(f"2 replicas + 2 ranks on two nodes, 3 steps: {wall:.0f} s")
+    return out, records, actors_of_the_run(address, dashboard)
+
+
+@pytest.fixture(scope="module")
+def resumed(two, two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
     """``two`` stopped after step 2: its directory without step 3's checkpoint, resumed to step 3."""
-    source, _ = two
+    address, env, _ = two_node_cluster
+    source = two[0]
     out = tmp_path_factory.mktemp("resumed") / "run"
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("global_step_3"))
     (out / "latest_checkpointed_iteration.txt").write_text("2")
@@ -87,8 +104,9 @@ def resumed(two, tiny_qwen_image_path, prompt_files, tmp_path_factory):
         out,
         tiny_qwen_image_path,
         prompt_files,
-        *TWO_RANK_ARGS,
+        *two_rank_args(address),
         "trainer.val_before_train=false",
+        env=env,
     )
     print(f"resume at step 2, 1 step: {wall:.0f} s")
     return out, records
@@ -134,14 +152,22 @@ def test_one_replica_one_rank_trains_logs_and_syncs(one):
 
 
 def test_two_replicas_two_ranks_train_with_rollout_log_probs(two):
-    run, records = two
+    run, records, _ = two
     check_run(run, records, 3, extra_keys=())
     assert "timing_s/old_log_prob" not in by_step(records)[1], "bypass mode skips the phase"
     assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1", "global_step_2", "global_step_3"]
 
 
+def test_two_node_run_has_two_ranks_and_places_its_actors_on_both_nodes(two):
+    _, _, actors = two
+    ranks = [a for a in actors if a.class_name == "DiffusionActorWorker"]
+    print("placement:", sorted((a.class_name, a.node_id[:8]) for a in actors))
+    assert len(ranks) == 2
+    assert len({a.node_id for a in actors}) == 2, "the run's actors were placed on both nodes"
+
+
 def test_resume_after_step_2_reproduces_step_3_and_keeps_the_metrics_file(two, resumed):
-    _, uninterrupted = two
+    _, uninterrupted, _ = two
     _, records = resumed
     assert [r["step"] for r in records] == [0, 1, 2, 3], "earlier steps kept, step 3 appended once"
     assert by_step(records)[2] == by_step(uninterrupted)[2]
