@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -84,3 +85,4 @@ def two_node_cluster():
         yield address, env, f"http://127.0.0.1:{dashboard_port}"
     finally:
         _stop(root)
+        shutil.rmtree(root, ignore_errors=True)
