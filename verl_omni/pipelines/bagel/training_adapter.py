@@ -90,6 +90,12 @@ class BagelTrainingAdapter(ModelAdapter):
     # vLLM-Omni's LoRA manager names the language model's layers relative to ``transformer`` (its
     # ``language_model.model``); gate/up are fused there and matched through packed_modules_mapping
     rollout_name_map = ((".language_model.model.", "."),)
+    # BAGEL's schedule shift and CFG settings (rollout.model_kwargs), besides the text-CFG scale true_cfg_scale
+    sampling_keys = ("timestep_shift", *DEFAULT_GUIDANCE)
+    # the released checkpoint keeps its Qwen2 tokenizer files at the root
+    tokenizer_subfolder = ""
+    # vLLM-Omni's BAGEL casts activations to bf16 inside its layers: it cannot run in fp32, even on CPU
+    rollout_dtype = "bfloat16"
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
