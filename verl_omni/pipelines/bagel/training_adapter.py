@@ -32,7 +32,13 @@ DEFAULT_GUIDANCE = {
 
 
 def prompt_token_ids(tokenizer, prompt: str) -> list[int]:
-    """Token ids the BAGEL rollout expects for ``prompt``: ``<|im_start|>`` text ``<|im_end|>``, as BAGEL frames a turn."""
+    """Token ids the BAGEL rollout expects for ``prompt``: ``<|im_start|>`` text ``<|im_end|>``, as BAGEL frames a turn.
+
+    An empty prompt is no ids: BAGEL's text-unconditional CFG branch is the empty context (as vLLM-Omni's
+    pipeline does with an empty negative prompt).
+    """
+    if not prompt:
+        return []
     start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     return [start, *tokenizer.encode(prompt, add_special_tokens=False), end]
 
