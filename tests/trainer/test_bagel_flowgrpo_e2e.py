@@ -5,11 +5,13 @@ One trainer run (a subprocess of the real entry point, its own local Ray): 1 rol
 needs vLLM's CUDA engine) + 1 actor rank, 2 steps, the actor recomputing log π_old (BAGEL's
 rollout computes in bf16, see docs/bagel.md).
 
-Sizes are BAGEL's smallest: 16×16 (one latent token), 2 denoising steps, a window of 1. Text CFG is
-on (the negative prompt's token ids travel with the batch) but only inside the CFG interval
-(0.8, 1], i.e. on the first step; the schedule shift is 2, not BAGEL's default 3. A replay that
-missed either setting would step on other sigmas or apply CFG where the rollout did not, and its
-log-probs would be off by far more than the bound below.
+Sizes are BAGEL's smallest: 16×16 (one latent token), 2 denoising steps, a window of 1, one prompt
+× n = 2 per step. Text CFG is on (the negative prompt's token ids travel with the batch) but only
+inside the CFG interval (0.8, 1], i.e. on the first step; the schedule shift is 2, not BAGEL's
+default 3. A replay without the shift would step on other sigmas (σ₁ = 0.75 instead of 0.67, on
+every step), one without the interval would guide the second step where the rollout did not:
+either is far beyond the bound below. Steps take ~2 s; the wall time is the start of Ray, the
+engine and the actor.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from trainer_helpers import by_step, run_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# max |log π_actor − log π_rollout|: the bf16 rollout against the fp32 actor; the engine-level replay
-# measured 6.2e-4 (tests/workers/rollout/vllm_omni/test_bagel_rollout_engine.py asserts 2e-3)
+# max |log π_actor − log π_rollout|: the bf16 rollout against the fp32 actor. Measured here 2.8e-4 and
+# 2.7e-4 (steps 1, 2); the engine-level replay measured 6.2e-4 and asserts the same 2e-3
+# (tests/workers/rollout/vllm_omni/test_bagel_rollout_engine.py)
 ROLLOUT_LOGPROB_BOUND = 2e-3
 BAGEL_ARGS = (
     "trainer.total_training_steps=2",
