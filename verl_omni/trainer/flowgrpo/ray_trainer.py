@@ -98,7 +98,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
             self._sync_weights({})
 
     def _init_tokenizer(self):
-        """The diffusion checkpoint's text tokenizer (``<model>/tokenizer``), for verl's dataset."""
+        """The checkpoint's prompt tokenizer (the adapter's ``tokenizer_subfolder``), for verl's dataset."""
         self.tokenizer = self.configs.model.tokenizer
         self.processor = None
 
