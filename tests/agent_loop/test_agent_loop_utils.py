@@ -7,7 +7,7 @@ import torch
 from verl_omni.agent_loop.utils import (
     chunk_bounds,
     one_row_array,
-    pad_embeds_to,
+    pad_conditioning_to,
     plan_batches,
     right_pad,
     sample_seed,
@@ -69,11 +69,11 @@ def test_prompts_compare_by_content_whatever_the_container():
     assert plan(as_array).batched
 
 
-def test_right_pad_and_pad_embeds_to_zero_fill_the_tail():
+def test_right_pad_and_pad_conditioning_to_zero_fill_the_tail():
     stacked = right_pad([torch.ones(2, 3), torch.ones(4, 3)])
     assert stacked.shape == (2, 4, 3) and float(stacked[0, 2:].abs().sum()) == 0.0
     batch = {"prompt_embeds": stacked, "prompt_embeds_mask": right_pad([torch.ones(2), torch.ones(4)])}
-    pad_embeds_to(batch, 6)
+    pad_conditioning_to(batch, ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds"), 6)
     assert batch["prompt_embeds"].shape == (2, 6, 3) and batch["prompt_embeds_mask"].sum().item() == 6
 
 

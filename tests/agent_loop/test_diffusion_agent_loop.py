@@ -189,6 +189,7 @@ def test_output_follows_the_contract(batched_run):
         "noise_level": 0.7,
         "sde_type": "sde",
         "true_cfg_scale": 4.0,
+        "model_kwargs": {},
     }
     assert all(k.startswith("agent_loop/") for k in output.meta_info["timing"])
 

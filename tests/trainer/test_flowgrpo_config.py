@@ -22,10 +22,10 @@ def compose(tiny_qwen_image_path, prompts, tmp_path):
     """The trainer config on the session's tiny model and prompts, plus ``overrides``."""
     from verl_omni.utils.config import compose_config
 
-    def build(*overrides: str):
+    def build(*overrides: str, model=tiny_qwen_image_path):
         train, val = prompts
         base = [
-            f"actor_rollout_ref.model.path={tiny_qwen_image_path}",
+            f"actor_rollout_ref.model.path={model}",
             f"data.train_files={train}",
             f"data.val_files={val}",
             f"trainer.default_local_dir={tmp_path / 'run'}",
@@ -61,6 +61,7 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.rollout.height=40"], "actor_rollout_ref.rollout.height"),
     (["actor_rollout_ref.actor.engine.strategy=fsdp"], "actor.engine.strategy"),
     (["data.train_batch_size=0"], "data.train_batch_size"),
+    (["+actor_rollout_ref.rollout.model_kwargs.timestep_shift=2.0"], "actor_rollout_ref.rollout.model_kwargs"),
 ]
 
 
@@ -72,6 +73,24 @@ def test_bad_config_fails_before_ray_starts_naming_the_key(compose, overrides, k
 
     with pytest.raises(ValueError, match=key):
         run_flowgrpo(compose(*overrides))
+    assert not ray.is_initialized()
+
+
+def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(compose, tiny_bagel_path):
+    import ray
+
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.main_flowgrpo import run_flowgrpo
+
+    bagel = (
+        "+actor_rollout_ref.rollout.model_kwargs.timestep_shift=2.0",
+        "+actor_rollout_ref.rollout.model_kwargs.cfg_interval=[0.5,1.0]",
+    )
+    configs = validate_config(compose(*bagel, model=tiny_bagel_path))
+    assert configs.rollout.model_kwargs == {"timestep_shift": 2.0, "cfg_interval": [0.5, 1.0]}
+    assert configs.model.tokenizer("a cat").input_ids
+    with pytest.raises(ValueError, match="actor_rollout_ref.actor.use_rollout_log_probs"):
+        run_flowgrpo(compose("actor_rollout_ref.actor.use_rollout_log_probs=true", model=tiny_bagel_path))
     assert not ray.is_initialized()
 
 

@@ -11,7 +11,6 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, register
 from verl.utils.profiler import simple_timer
 
 from verl_omni.agent_loop.agent_loop import DiffusionAgentLoopBase, DiffusionAgentLoopOutput
-from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
 from verl_omni.reward_loop.reward_manager import prompt_text
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
@@ -33,7 +32,7 @@ class PromptRequest:
 
 @register(AGENT_NAME)
 class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
-    """Text-to-image in a single turn: the row's prompt through the model's prompt template, then one request.
+    """Text-to-image in a single turn: the row's prompt through the model adapter's prompt template, then one request.
 
     The prompt is ``raw_prompt`` (a string, or chat messages whose last user turn is the prompt);
     with ``true_cfg_scale > 1`` the negative prompt is the row's ``negative_prompt`` or the
@@ -44,12 +43,12 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
 
     def prompt_request(self, kwargs: dict[str, Any]) -> PromptRequest:
         cfg = self.rollout_config
-        prompt_ids = prompt_token_ids(self.tokenizer, prompt_text(kwargs["raw_prompt"], "raw_prompt"))
+        prompt_ids = self.adapter.prompt_token_ids(self.tokenizer, prompt_text(kwargs["raw_prompt"], "raw_prompt"))
         negative_ids = None
         if cfg.true_cfg_scale > 1:
             negative = kwargs.get("negative_prompt")
             negative = cfg.negative_prompt if negative is None else negative
-            negative_ids = prompt_token_ids(self.tokenizer, negative)
+            negative_ids = self.adapter.prompt_token_ids(self.tokenizer, negative)
         key = kwargs.get(cfg.server_routing.routing_key_field)
         return PromptRequest(prompt_ids, negative_ids, None if key is None else str(key))
 

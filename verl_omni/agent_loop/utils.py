@@ -16,8 +16,6 @@ from verl_omni.workers.rollout.routing import stable_hash
 
 # torch.Generator.manual_seed takes up to 64 bits; keep seeds non-negative int64
 _SEED_MASK = (1 << 63) - 1
-# per-sample prompt embeddings, right-padded to the batch's longest prompt
-EMBED_KEYS = ("prompt_embeds", "negative_prompt_embeds")
 
 
 def sample_seed(rollout_seed: int, global_step: int, row: int) -> int:
@@ -107,15 +105,12 @@ def right_pad(tensors: Sequence[torch.Tensor], length: int | None = None) -> tor
     return out
 
 
-def pad_embeds_to(batch, length: int) -> None:
-    """Zero-pad the ``[B, L, D]`` embeddings and ``[B, L]`` masks of a TensorDict to ``L = length``, in place."""
-    for key in EMBED_KEYS:
-        if key not in batch.keys():
-            continue
-        for name in (key, f"{key}_mask"):
-            value = batch[name]
-            if value.shape[1] < length:
-                batch[name] = right_pad(list(value), length)
+def pad_conditioning_to(batch, keys: Sequence[str], length: int) -> None:
+    """Zero-pad the ``[B, L, ...]`` tensors under ``keys`` (prompt embeddings or token ids and their masks) of
+    a TensorDict to ``L = length``, in place; absent keys are skipped."""
+    for key in keys:
+        if key in batch.keys() and batch[key].shape[1] < length:
+            batch[key] = right_pad(list(batch[key]), length)
 
 
 def one_row_array(value: Any) -> np.ndarray:

@@ -52,6 +52,11 @@ class ModelAdapter:
         cfg_conditioning_keys (`tuple[str]`): further ones when the replay uses CFG.
         rollout_name_map (`tuple[tuple[str, str]]`): ``(training, rollout)`` name fragments, applied to
             ``.``-delimited names in order, that turn a trained module name into the rollout's.
+        sampling_keys (`tuple[str]`): model-specific sampling settings the rollout pipeline and the replay
+            read (``rollout.model_kwargs``, sent as request ``extra_args`` and as ``ReplaySpec.model_kwargs``).
+        tokenizer_subfolder (`str`): folder of the checkpoint holding the prompt tokenizer ('' = its root).
+        rollout_dtype (`str` or None): the dtype vLLM-Omni's pipeline of this model computes in on every
+            device, whatever the rollout config says; None: the configured dtype (fp32 on CPU).
     """
 
     rollout_pipeline: ClassVar[str]
@@ -62,6 +67,9 @@ class ModelAdapter:
     conditioning_keys: ClassVar[tuple[str, ...]] = ()
     cfg_conditioning_keys: ClassVar[tuple[str, ...]] = ()
     rollout_name_map: ClassVar[tuple[tuple[str, str], ...]] = ()
+    sampling_keys: ClassVar[tuple[str, ...]] = ()
+    tokenizer_subfolder: ClassVar[str] = ""
+    rollout_dtype: ClassVar[str | None] = None
 
     # ---- prompts -------------------------------------------------------------------------------
 
@@ -98,6 +106,11 @@ class ModelAdapter:
     def required_keys(cls, uses_cfg: bool) -> tuple[str, ...]:
         """The conditioning tensors a replay batch must carry."""
         return cls.conditioning_keys + (cls.cfg_conditioning_keys if uses_cfg else ())
+
+    @classmethod
+    def recorded_keys(cls) -> tuple[str, ...]:
+        """Every per-sample conditioning tensor a rollout may record (``[L, ...]`` each, right-padded to a batch)."""
+        return cls.conditioning_keys + tuple(k for k in cls.cfg_conditioning_keys if k not in cls.conditioning_keys)
 
     @classmethod
     def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:

@@ -19,6 +19,7 @@ else shares its transformer batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,3 +114,25 @@ def parse_rollout_request(prompt: Any, sampling_params: Any, num_steps: int) -> 
         noise_level=noise_level,
         sde_type=sde_type,
     )
+
+
+def stack_windows(
+    latents: Sequence[list[torch.Tensor]],
+    log_probs: Sequence[list[torch.Tensor]],
+    timesteps: Sequence[list[torch.Tensor]],
+    latent_shape: Sequence[int],
+) -> dict[str, torch.Tensor]:
+    """The trajectory payload of N samples' recorded windows: ``latents`` [N, W+1, *latent_shape],
+    ``log_probs`` [N, W], ``timesteps`` [N, W]; an ODE request (noise level 0) recorded none: W = 0."""
+    n = len(log_probs)
+    if not any(log_probs):
+        return {
+            "latents": torch.empty(n, 0, *latent_shape),
+            "log_probs": torch.empty(n, 0),
+            "timesteps": torch.empty(n, 0),
+        }
+    return {
+        "latents": torch.stack([torch.stack(x) for x in latents]),
+        "log_probs": torch.stack([torch.stack(x) for x in log_probs]),
+        "timesteps": torch.stack([torch.stack(x) for x in timesteps]),
+    }

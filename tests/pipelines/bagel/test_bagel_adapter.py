@@ -77,3 +77,14 @@ def test_trained_names_map_to_vllm_omni_module_names():
     )
     config = BagelTrainingAdapter.rollout_peft_config({"r": 4, "target_modules": {"mlp_moe_gen.up_proj"}})
     assert config["target_modules"] == ["mlp_moe_gen.up_proj"] and config["r"] == 4
+
+
+def test_prompt_template_frames_the_turn_and_an_empty_prompt_is_no_context():
+    from verl_omni.utils.tiny_models.tokenizer import build_qwen2_tokenizer
+
+    tokenizer = build_qwen2_tokenizer()
+    ids = BagelTrainingAdapter.prompt_token_ids(tokenizer, "a red cat")
+    assert ids[0] == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert ids[1:-1] == tokenizer.encode("a red cat", add_special_tokens=False)
+    assert BagelTrainingAdapter.prompt_token_ids(tokenizer, "") == []

@@ -39,7 +39,7 @@ from verl_omni.pipelines.bagel.training_adapter import (
     guidance_from,
     set_bagel_schedule,
 )
-from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request, stack_windows
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,8 @@ class BagelSDEStep:
         self.latents: list[torch.Tensor] = []
         self.log_probs: list[torch.Tensor] = []
         self.timesteps: list[torch.Tensor] = []
+        # [S, C] of the packed latent tokens (the shape of an empty window)
+        self.latent_shape: tuple[int, ...] = ()
 
     def step(self, velocity: torch.Tensor, sigma: torch.Tensor, x_t: torch.Tensor, dt: torch.Tensor, **_: Any):
         """x_t ``[S, C]`` → x_{t'}; BAGEL's ``dt`` is σ − σ' (> 0), which our schedule must agree with."""
@@ -80,6 +82,7 @@ class BagelSDEStep:
                 f"BAGEL stepped at σ={float(sigma):.6f}, the SDE schedule has σ={float(ours):.6f} at step {i}"
             )
         level = self.noise_levels[i]
+        self.latent_shape = tuple(x_t.shape)
         result = sde_step_with_logprob(
             self.scheduler,
             velocity[None],
@@ -250,9 +253,12 @@ def _trajectory(request: RolloutRequest, steppers: list[BagelSDEStep]) -> dict[s
     prompt_ids, prompt_mask = _padded_ids(request.prompt_token_ids, n)
     negative_ids, negative_mask = _padded_ids(request.negative_prompt_token_ids, n)
     return {
-        "latents": torch.stack([torch.stack(s.latents) for s in steppers]),
-        "log_probs": torch.stack([torch.stack(s.log_probs) for s in steppers]),
-        "timesteps": torch.stack([torch.stack(s.timesteps) for s in steppers]),
+        **stack_windows(
+            [s.latents for s in steppers],
+            [s.log_probs for s in steppers],
+            [s.timesteps for s in steppers],
+            steppers[0].latent_shape,
+        ),
         "window_start": torch.tensor(request.window_starts),
         "prompt_token_ids": prompt_ids,
         "prompt_token_ids_mask": prompt_mask,

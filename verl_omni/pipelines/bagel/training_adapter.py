@@ -32,7 +32,13 @@ DEFAULT_GUIDANCE = {
 
 
 def prompt_token_ids(tokenizer, prompt: str) -> list[int]:
-    """Token ids the BAGEL rollout expects for ``prompt``: ``<|im_start|>`` text ``<|im_end|>``, as BAGEL frames a turn."""
+    """Token ids the BAGEL rollout expects for ``prompt``: ``<|im_start|>`` text ``<|im_end|>``, as BAGEL frames a turn.
+
+    An empty prompt is no ids: BAGEL's text-unconditional CFG branch is the empty context (as vLLM-Omni's
+    pipeline does with an empty negative prompt).
+    """
+    if not prompt:
+        return []
     start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     return [start, *tokenizer.encode(prompt, add_special_tokens=False), end]
 
@@ -90,6 +96,12 @@ class BagelTrainingAdapter(ModelAdapter):
     # vLLM-Omni's LoRA manager names the language model's layers relative to ``transformer`` (its
     # ``language_model.model``); gate/up are fused there and matched through packed_modules_mapping
     rollout_name_map = ((".language_model.model.", "."),)
+    # BAGEL's schedule shift and CFG settings (rollout.model_kwargs), besides the text-CFG scale true_cfg_scale
+    sampling_keys = ("timestep_shift", *DEFAULT_GUIDANCE)
+    # the released checkpoint keeps its Qwen2 tokenizer files at the root
+    tokenizer_subfolder = ""
+    # vLLM-Omni's BAGEL casts activations to bf16 inside its layers: it cannot run in fp32, even on CPU
+    rollout_dtype = "bfloat16"
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:

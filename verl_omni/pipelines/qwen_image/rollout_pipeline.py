@@ -34,6 +34,7 @@ from verl_omni.pipelines.qwen_image.rollout_request import (
     RolloutRequest,
     parse_rollout_request,
 )
+from verl_omni.pipelines.rollout_request import stack_windows
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
 
 logger = logging.getLogger(__name__)
@@ -291,18 +292,12 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     @staticmethod
     def _window_trajectory(state: RolloutState, rows: range) -> dict[str, torch.Tensor]:
         """The recorded window of ``rows``; an ODE request (noise level 0) recorded none: W = 0."""
-        if not any(state.window_log_probs[i] for i in rows):
-            latent = state.latents[rows.start]
-            return {
-                "latents": torch.empty(len(rows), 0, *latent.shape),
-                "log_probs": torch.empty(len(rows), 0),
-                "timesteps": torch.empty(len(rows), 0),
-            }
-        return {
-            "latents": torch.stack([torch.stack(state.window_latents[i]) for i in rows]),
-            "log_probs": torch.stack([torch.stack(state.window_log_probs[i]) for i in rows]),
-            "timesteps": torch.stack([torch.stack(state.window_timesteps[i]) for i in rows]),
-        }
+        return stack_windows(
+            [state.window_latents[i] for i in rows],
+            [state.window_log_probs[i] for i in rows],
+            [state.window_timesteps[i] for i in rows],
+            state.latents.shape[1:],
+        )
 
     def _split_outputs(self, requests, state: RolloutState, images: torch.Tensor, cond: Conditioning):
         outputs = []

@@ -43,6 +43,7 @@ class QwenImageTrainingAdapter(ModelAdapter):
 
     rollout_pipeline = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
     transformer_subfolder = "transformer"
+    tokenizer_subfolder = "tokenizer"
     # diffusers pipeline whose save_lora_weights / load_lora_weights define the LoRA file format
     lora_file_pipeline = "QwenImagePipeline"
     # the rollout records the prompt embeddings (and the negative ones under true CFG)

@@ -105,6 +105,24 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
         raise ValueError("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) is not supported by the trainer yet")
 
 
+def _check_model(configs: FlowGRPOConfigs) -> None:
+    """What the model adapter requires of the rollout and actor settings."""
+    adapter = configs.model.adapter
+    unknown = sorted(set(configs.rollout.model_kwargs) - set(adapter.sampling_keys))
+    if unknown:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.model_kwargs has keys {unknown} that {adapter.__name__} does not read; "
+            f"its sampling keys: {list(adapter.sampling_keys)}"
+        )
+    if configs.actor.use_rollout_log_probs and adapter.rollout_dtype not in (None, "float32"):
+        raise ValueError(
+            f"actor_rollout_ref.actor.use_rollout_log_probs=true with {adapter.__name__}: its rollout computes in "
+            f"{adapter.rollout_dtype} on every device, so its log-probs differ from the actor's by more than the "
+            "clip range allows (docs/bagel.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
+            "actor recomputes log pi_old"
+        )
+
+
 def _check_device(trainer: FlowGRPOTrainerConfig) -> None:
     import torch
 
@@ -135,6 +153,7 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_reward_manager(config)
     _check_batches(config, configs)
     _check_phases(configs)
+    _check_model(configs)
     _data_files(config, "data.train_files")
     if configs.trainer.val_before_train or configs.trainer.test_freq > 0:
         _data_files(config, "data.val_files")

@@ -43,19 +43,10 @@ from verl_omni.trainer.config.validation import FlowGRPOConfigs
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.workers.utils.replay import TRAJECTORY_KEYS
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
-
-# what the actor replays (docs/actor.md, batch format); negative embeddings only with true CFG
-REPLAY_KEYS = (
-    "all_latents",
-    "all_timesteps",
-    "prompt_embeds",
-    "prompt_embeds_mask",
-    "negative_prompt_embeds",
-    "negative_prompt_embeds_mask",
-)
 
 
 def _restore_info_logging() -> None:
@@ -84,6 +75,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.recompute_old_log_prob = not configs.actor.use_rollout_log_probs
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
+        # what the actor replays (docs/actor.md, batch format): the trajectory and the model's conditioning
+        self.replay_keys = TRAJECTORY_KEYS + configs.model.adapter.required_keys(configs.rollout.uses_cfg)
         self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.local_dir = Path(configs.trainer.default_local_dir).expanduser().absolute()
         self.global_steps = 0
@@ -121,7 +114,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
             )
 
     def _init_tokenizer(self):
-        """The diffusion checkpoint's text tokenizer (``<model>/tokenizer``), for verl's dataset."""
+        """The checkpoint's prompt tokenizer (the adapter's ``tokenizer_subfolder``), for verl's dataset."""
         self.tokenizer = self.configs.model.tokenizer
         self.processor = None
 
@@ -347,7 +340,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         metrics["sync/lora_modules_bound_min"] = min(bound)
 
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
-        keys = [k for k in REPLAY_KEYS if k in batch.batch.keys()] + list(extra)
+        # a key the rollout did not record is reported by the actor's replay check, naming it
+        keys = [k for k in self.replay_keys if k in batch.batch.keys()] + list(extra)
         return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["replay_spec"])
 
     # ---- validation, metrics, logging ------------------------------------------------------

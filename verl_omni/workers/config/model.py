@@ -97,15 +97,22 @@ class DiffusionModelConfig(BaseConfig):
         """verl's name for the LoRA rank (``FSDPEngine`` reads it)."""
         return self.lora.rank
 
+    @property
+    def adapter(self):
+        """The checkpoint's model adapter (:func:`~verl_omni.pipelines.model_base.get_training_adapter`)."""
+        from verl_omni.pipelines.model_base import get_training_adapter
+
+        return get_training_adapter(self.path)
+
     @cached_property
     def tokenizer(self):
-        """The text encoder's tokenizer (``<path>/tokenizer``), what the agent loop turns prompts into ids with."""
+        """The prompt tokenizer (the adapter's ``tokenizer_subfolder`` of ``path``), what the agent loop uses."""
         from transformers import AutoTokenizer
 
-        tokenizer_dir = Path(self.path) / "tokenizer"
-        if not tokenizer_dir.is_dir():
+        tokenizer_dir = Path(self.path) / self.adapter.tokenizer_subfolder
+        if not (tokenizer_dir / "tokenizer_config.json").is_file():
             raise ValueError(
-                f"model.path={self.path} has no tokenizer/ folder: the agent loop needs the text tokenizer"
+                f"model.path={self.path} has no tokenizer in {tokenizer_dir}: the agent loop needs the text tokenizer"
             )
         return AutoTokenizer.from_pretrained(str(tokenizer_dir))
 

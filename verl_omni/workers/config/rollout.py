@@ -44,6 +44,10 @@ class DiffusionRolloutConfig(RolloutConfig):
         sde_type (str): ``"sde"`` or ``"cps"``. Default ``"sde"``.
         sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
         sde_window_range (list[int] | None): ``[r0, r1]``, the steps the window may cover; None is ``[0, T]``.
+        model_kwargs (dict): model-specific sampling settings, sent with every request and replayed by the
+            actor (``ReplaySpec.model_kwargs``); the keys the model adapter's ``sampling_keys`` names (BAGEL:
+            ``timestep_shift``, ``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``).
+            Default empty: the model's defaults.
         enable_batched_diffusion (bool): generate each group of ``n`` rows sharing a prompt with one
             ``generate_batched`` request (one transformer batch). Default True.
         server_routing (RolloutServerRoutingConfig): how requests are spread over replicas.
@@ -64,6 +68,7 @@ class DiffusionRolloutConfig(RolloutConfig):
     sde_type: str = "sde"
     sde_window_size: int = 2
     sde_window_range: list[int] | None = None
+    model_kwargs: dict = field(default_factory=dict)
     enable_batched_diffusion: bool = True
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
 
@@ -79,6 +84,10 @@ class DiffusionRolloutConfig(RolloutConfig):
             object.__setattr__(self, "server_routing", RolloutServerRoutingConfig(**routing))
         if self.sde_window_range is not None:
             object.__setattr__(self, "sde_window_range", [int(v) for v in self.sde_window_range])
+        if isinstance(self.model_kwargs, DictConfig):
+            object.__setattr__(self, "model_kwargs", OmegaConf.to_container(self.model_kwargs, resolve=True))
+        if not isinstance(self.model_kwargs, dict):
+            raise ValueError(f"{KEY}.model_kwargs must be a mapping, got {type(self.model_kwargs).__name__}")
         self._check_image()
         self._check_sde()
         if self.n < 1:

@@ -149,3 +149,11 @@ def test_lora_binds_to_the_generation_expert_changes_the_image_and_replays(
         assert torch.equal(restored.diffusion_output, recorded[0].diffusion_output)
     finally:
         loop.run(bagel_engine.clear_lora())
+
+
+def test_ode_request_returns_the_image_and_an_empty_window(loop, bagel_engine, bagel_prompts):
+    """Validation samples the ODE (noise level 0): nothing is recorded, W = 0."""
+    (out,) = generate(loop, bagel_engine, bagel_prompts, request_id="ode", noise_level=0.0)
+    assert out.diffusion_output.shape == (3, H, W)
+    assert out.log_probs.shape == (0,)
+    assert out.extra_fields["all_latents"].shape == (0, (H // 16) * (W // 16), 64)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
@@ -23,26 +24,30 @@ WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.O
 _DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
 # Flow-GRPO keys read by the rollout pipeline from extra_args
 _SDE_KEYS = ("sde_type", "noise_level", "sde_window_size", "sde_window_range", "seeds")
-# model-specific sampling keys, also passed in extra_args (BAGEL's schedule shift and CFG settings)
-_MODEL_KEYS = ("timestep_shift", "cfg_img_scale", "cfg_interval", "cfg_renorm_type", "cfg_renorm_min")
 # keys verl's agent loops send for text models; meaningless for diffusion, ignored
 _IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
 
 
-def build_sampling_params(sampling_params: dict[str, Any], num_outputs_per_prompt: int, lora_request=None):
-    """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict."""
+def build_sampling_params(
+    sampling_params: dict[str, Any],
+    num_outputs_per_prompt: int,
+    lora_request=None,
+    model_keys: tuple[str, ...] = (),
+):
+    """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict; ``model_keys`` (the model
+    adapter's ``sampling_keys``, e.g. BAGEL's schedule shift and CFG settings) go to ``extra_args`` too."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(_MODEL_KEYS) - set(_IGNORED_LLM_KEYS)
+    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(model_keys) - set(_IGNORED_LLM_KEYS)
     if unknown:
         raise ValueError(
             f"sampling_params has unknown keys {sorted(unknown)}; "
-            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}, model keys: {_MODEL_KEYS}"
+            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}, this model's keys: {model_keys}"
         )
     fields = {k: sampling_params[k] for k in _DIFFUSION_KEYS if sampling_params.get(k) is not None}
     if "guidance_scale" in fields:
         fields["guidance_scale_provided"] = True
-    extra = {k: sampling_params[k] for k in _SDE_KEYS + _MODEL_KEYS if sampling_params.get(k) is not None}
+    extra = {k: sampling_params[k] for k in _SDE_KEYS + tuple(model_keys) if sampling_params.get(k) is not None}
     return OmniDiffusionSamplingParams(
         num_outputs_per_prompt=num_outputs_per_prompt,
         extra_args=extra,
@@ -120,7 +125,9 @@ class OmniRolloutEngine:
         self.model_path = model_path
         self.dtype = dtype
         self.max_batch_requests = max_batch_requests
-        self.pipeline_class = custom_pipeline or _rollout_pipeline(model_path)
+        adapter = get_training_adapter(model_path)
+        self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
+        self.model_keys = adapter.sampling_keys
         self.engine_kwargs = engine_kwargs
         self.engine = None
         # the adapter every generation uses (a tensor-free request), and the id the next push gets
@@ -181,7 +188,9 @@ class OmniRolloutEngine:
         """
         if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
             raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
-        params = build_sampling_params(sampling_params, num_outputs_per_prompt, lora_request or self.active_lora)
+        params = build_sampling_params(
+            sampling_params, num_outputs_per_prompt, lora_request or self.active_lora, self.model_keys
+        )
         if lora_scale is not None:
             params.lora_scale = float(lora_scale)
         stage_params = self._stage_sampling_params(params)
@@ -264,13 +273,6 @@ class OmniRolloutEngine:
     async def request_batch_sizes(self) -> list[int]:
         """Requests per transformer batch of every rollout forward so far (engine-side count)."""
         return _flatten(await self.collective_rpc("verl_omni_request_batch_sizes"))
-
-
-def _rollout_pipeline(model_path: str) -> str:
-    """The rollout pipeline class path of the checkpoint's model adapter."""
-    from verl_omni.pipelines.model_base import get_training_adapter
-
-    return get_training_adapter(model_path).rollout_pipeline
 
 
 def _flatten(stage_results: list[Any]) -> list[Any]:

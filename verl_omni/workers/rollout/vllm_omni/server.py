@@ -28,8 +28,14 @@ DEFAULT_MAX_BATCH_REQUESTS = 8
 CPU_SERVER_NUM_CPUS = 1
 
 
-def _engine_dtype(config_dtype: str) -> str:
-    """fp32 on CPU (no bf16 kernels worth using there), the configured dtype on an accelerator."""
+def _engine_dtype(config_dtype: str, model_path: str) -> str:
+    """The dtype the model's pipeline requires (its adapter's ``rollout_dtype``), else fp32 on CPU (no bf16
+    kernels worth using there) and the configured dtype on an accelerator."""
+    from verl_omni.pipelines.model_base import get_training_adapter
+
+    required = get_training_adapter(model_path).rollout_dtype
+    if required is not None:
+        return required
     return config_dtype if torch.cuda.is_available() else "float32"
 
 
@@ -58,7 +64,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         model_path = getattr(self.model_config, "local_path", None) or self.model_config.path
         self.omni = OmniRolloutEngine(
             str(model_path),
-            dtype=_engine_dtype(self.config.dtype),
+            dtype=_engine_dtype(self.config.dtype, str(model_path)),
             max_batch_requests=max_batch_requests,
             **engine_kwargs,
         )
