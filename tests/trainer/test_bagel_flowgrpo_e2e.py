@@ -17,8 +17,7 @@ engine and the actor.
 from __future__ import annotations
 
 import pytest
-from test_flowgrpo_e2e import check_run
-from trainer_helpers import by_step, run_trainer
+from trainer_helpers import by_step, check_run, run_trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

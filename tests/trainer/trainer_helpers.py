@@ -78,3 +78,55 @@ def read_metrics(out: Path) -> list[dict]:
 
 def by_step(records: list[dict]) -> dict[int, dict]:
     return {r["step"]: r["data"] for r in records}
+
+
+# fp32 CPU bound of docs/actor.md: the rollout's and the actor's transformers differ in op order only
+LOGPROB_BOUND = 1e-5
+STEP_KEYS = (
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/update_actor",
+    "timing_s/sync",
+    "timing_s/step",
+    "perf/images_per_s",
+    "critic/score/mean",
+    "critic/score/max",
+    "critic/score/min",
+    "critic/score/zero_std_group_frac",
+    "actor/logprob_diff_max",
+    "actor/pg_loss",
+    "actor/grad_norm",
+    "sync/lora_modules_bound_min",
+)
+
+
+def lora_b_norm(run: Path, step: int) -> float:
+    from safetensors.torch import load_file
+
+    tensors = load_file(run / f"global_step_{step}" / "actor" / "lora" / "pytorch_lora_weights.safetensors")
+    return sum(float(t.norm()) for name, t in tensors.items() if "lora_B" in name)
+
+
+def image_of(path: Path):
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(path))
+
+
+def check_run(run: Path, records: list[dict], steps: int, extra_keys: tuple[str, ...]) -> None:
+    """Every step logged with the required keys, log-probs consistent, LoRA trained and synced."""
+    metrics = by_step(records)
+    assert sorted(metrics) == list(range(steps + 1)), "one record per step, step 0 = validation before training"
+    for step in range(1, steps + 1):
+        missing = [k for k in STEP_KEYS + extra_keys if k not in metrics[step]]
+        assert not missing, f"step {step} lacks {missing}"
+        assert metrics[step]["actor/logprob_diff_max"] <= LOGPROB_BOUND
+        assert metrics[step]["sync/lora_modules_bound_min"] > 0
+        assert metrics[step]["perf/images_per_s"] > 0
+    # LoRA B starts at zero: a non-zero B is a trained LoRA
+    assert lora_b_norm(run, steps) > 0
+    # validation uses the same seeds every time (ODE): different images after training = the rollout uses the LoRA
+    before, after = image_of(run / "images" / "val_step_0.png"), image_of(run / "images" / f"val_step_{steps}.png")
+    assert before.shape == after.shape and (before != after).any()
+    assert {"val/score/mean", "val/score/max", "val/score/min"} <= set(metrics[steps])
