@@ -208,8 +208,12 @@ def test_batched_and_per_sample_paths_give_the_same_samples_row_by_row(batched_r
     _, per_sample, served = per_sample_run
     assert sum(served) == len(PROMPTS) * N
     assert per_sample.non_tensor_batch["uid"].tolist() == batched.non_tensor_batch["uid"].tolist()
-    for key in ("responses", "all_timesteps", "prompt_embeds_mask"):
+    for key in ("all_timesteps", "prompt_embeds_mask"):
         assert torch.equal(batched.batch[key], per_sample.batch[key]), key
+    # the latents agree to LATENT_ATOL, so a decoded pixel may land one level apart at a rounding edge
+    pixel_diff = (batched.batch["responses"].int() - per_sample.batch["responses"].int()).abs()
+    print(f"batched vs per-sample images: max |d pixel| {int(pixel_diff.max())}, {int((pixel_diff > 0).sum())} differ")
+    assert int(pixel_diff.max()) <= 1
     log_prob_diff = (batched.batch["rollout_log_probs"] - per_sample.batch["rollout_log_probs"]).abs().max()
     latent_diff = (batched.batch["all_latents"] - per_sample.batch["all_latents"]).abs().max()
     print(

@@ -5,6 +5,7 @@ and its handlers to ERROR at import. Import side effects are per process: each c
 fresh interpreter.
 """
 
+import os
 import subprocess
 import sys
 
@@ -20,8 +21,10 @@ print(logging.getLogger().level, logging.getLogger().handlers[0].level)
 
 
 def _root_levels(keep: bool) -> list[int]:
+    # the variable as a user's shell would have it: unset (an in-process trainer run in this session sets it)
+    env = {k: v for k, v in os.environ.items() if k != "SAGEMAKER_CONTAINER_LOG_LEVEL"}
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(keep=keep)], capture_output=True, text=True, check=True
+        [sys.executable, "-c", SCRIPT.format(keep=keep)], capture_output=True, text=True, check=True, env=env
     ).stdout
     return [int(v) for v in out.split()]
 
