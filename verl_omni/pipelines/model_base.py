@@ -18,6 +18,7 @@ Engines look the adapter up here; nothing in the trainer tests an architecture n
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -173,8 +174,11 @@ def architecture_name(model_path: str | Path) -> str:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def get_training_adapter(model_path: str | Path, algorithm: str = DEFAULT_ALGORITHM) -> type[ModelAdapter]:
-    """The adapter registered for the checkpoint at ``model_path``; it must support ``algorithm``."""
+    """The adapter registered for the checkpoint at ``model_path``; it must support ``algorithm``.
+
+    Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     for module in BUILTIN_ADAPTER_MODULES:
         importlib.import_module(module)
     adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
