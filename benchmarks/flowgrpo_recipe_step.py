@@ -85,7 +85,14 @@ def report(out: Path, images_per_step: int) -> list[dict]:
             if seconds is not None:
                 row[f"{phase}_s"] = round(seconds, 2)
                 row[f"{phase}_img_per_gpu_s"] = round(images_per_step / seconds, 3)
-        for key in ("old_log_prob/rollout_diff_max", "actor/logprob_diff_max", "actor/grad_norm", "critic/score/mean"):
+        for key in (
+            "old_log_prob/rollout_diff_max",
+            "actor/logprob_diff_max",
+            "actor/grad_norm",
+            "critic/score/mean",
+            "rollout/engine_batches",
+            "rollout/requests_per_engine_batch",
+        ):
             if key in data:
                 row[key] = data[key]
         rows.append(row)

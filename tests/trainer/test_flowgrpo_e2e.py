@@ -100,9 +100,17 @@ def resumed(two, two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_
 
 def test_one_replica_one_rank_trains_logs_and_syncs(one):
     run, records = one
-    check_run(run, records, 2, extra_keys=("timing_s/old_log_prob", "old_log_prob/rollout_diff_max"))
+    check_run(
+        run,
+        records,
+        2,
+        extra_keys=("timing_s/old_log_prob", "old_log_prob/rollout_diff_max", "rollout/requests_per_engine_batch"),
+    )
     for record in records[1:]:
         assert record["data"]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
+        # the step's two group requests reach the one replica together and share one transformer batch
+        assert record["data"]["rollout/engine_batches"] == 1
+        assert record["data"]["rollout/requests_per_engine_batch"] == 2
 
 
 def test_two_replicas_two_ranks_train_with_rollout_log_probs(two):

@@ -196,6 +196,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
         worker_group = self.actor_rollout_wg if self.colocate else None
         self.llm_server_manager = OmniLLMServerManager.create(self.config, worker_group=worker_group)
+        # transformer batches each replica had run when last asked (rollout/requests_per_engine_batch)
+        self._engine_batches_seen = [0] * len(self.llm_server_manager.server_handles)
         self.agent_loop_manager = DiffusionAgentLoopManager.create(
             self.config, self.get_llm_client(), reward_loop_worker_handles=self.get_reward_handles()
         )
@@ -276,9 +278,23 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _generate(self, batch: DataProto, metrics: dict) -> DataProto:
+        self._new_engine_batches()  # validation's batches are not this step's
         output = self.agent_loop_manager.generate_sequences(batch)
         metrics.update({k: float(v) for k, v in output.meta_info.pop("timing", {}).items()})
+        sizes = self._new_engine_batches()
+        if sizes:
+            # a step's group requests should share few transformer batches (docs/perf/gpu.md)
+            metrics["rollout/engine_batches"] = float(len(sizes))
+            metrics["rollout/requests_per_engine_batch"] = float(np.mean(sizes))
         return output
+
+    def _new_engine_batches(self) -> list[int]:
+        """Requests per transformer batch the replicas ran since the last call (empty for pipelines not counting)."""
+        handles = self.llm_server_manager.server_handles
+        per_server = ray.get([server.request_batch_sizes.remote() for server in handles])
+        seen = self._engine_batches_seen
+        self._engine_batches_seen = [len(sizes) for sizes in per_server]
+        return [size for sizes, start in zip(per_server, seen, strict=True) for size in sizes[start:]]
 
     def _compute_reward(self, batch: DataProto, metrics: dict) -> DataProto:
         scored = self.reward_loop_manager.compute_rm_score(batch)

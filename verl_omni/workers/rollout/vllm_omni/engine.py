@@ -20,6 +20,12 @@ logger = logging.getLogger(__name__)
 
 WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.OmniRolloutWorkerExtension"
 
+# How long an idle engine waits for requests to queue up before it starts a transformer batch.
+# vLLM-Omni's default (0) starts with the first request of a step and makes the step's other group
+# requests wait for that whole denoising loop; with a wait they join it (admission ends as soon as
+# no new request came for 50 ms, or ``max_batch_requests`` are queued).
+DEFAULT_BATCH_WAIT_MS = 500.0
+
 # sampling keys that map onto OmniDiffusionSamplingParams fields
 _DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
 # Flow-GRPO keys read by the rollout pipeline from extra_args
@@ -111,7 +117,8 @@ class OmniRolloutEngine:
         custom_pipeline: dotted path of the rollout pipeline class; defaults to the model adapter's
             ``rollout_pipeline`` (looked up from the checkpoint).
         engine_kwargs: further ``AsyncOmni`` keyword arguments, e.g. ``stage_configs_path`` or
-            ``deploy_config`` (a multi-stage or single-stage deploy YAML).
+            ``deploy_config`` (a multi-stage or single-stage deploy YAML), or
+            ``request_batch_max_wait_ms`` (default :data:`DEFAULT_BATCH_WAIT_MS`; 0 disables the wait).
     """
 
     def __init__(
@@ -128,7 +135,7 @@ class OmniRolloutEngine:
         adapter = get_training_adapter(model_path)
         self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
         self.model_keys = adapter.sampling_keys
-        self.engine_kwargs = engine_kwargs
+        self.engine_kwargs = {"request_batch_max_wait_ms": DEFAULT_BATCH_WAIT_MS, **engine_kwargs}
         self.engine = None
         # the adapter every generation uses (a tensor-free request), and the id the next push gets
         self.active_lora = None
