@@ -220,8 +220,13 @@ class OmniRolloutEngine:
         return unpack_request_output(final, num_outputs_per_prompt)
 
     async def collective_rpc(self, method: str, *args) -> list[Any]:
-        """Call a worker-extension method on every diffusion worker; returns one result per stage."""
-        return await self._require_engine().collective_rpc(method=method, args=args)
+        """Call a worker method on every worker of the diffusion stage(s); returns one result per stage.
+
+        A thinker stage (vLLM's AR worker) has neither our worker extension nor in-memory adapters.
+        """
+        clients = getattr(self._require_engine().engine, "stage_clients", None) or []
+        stage_ids = [i for i, c in enumerate(clients) if getattr(c, "stage_type", "") == "diffusion"] or None
+        return await self._require_engine().collective_rpc(method=method, args=args, stage_ids=stage_ids)
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._require_engine().abort(request_ids)
@@ -239,30 +244,32 @@ class OmniRolloutEngine:
     async def _swap_lora(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
         from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, in_memory_lora_path
 
-        engine = self._require_engine()
         adapter_id = self._next_lora_id
         self._next_lora_id += 1
-        request = TensorLoRARequest(
-            lora_name=f"verl_omni_lora_{adapter_id}",
-            lora_int_id=adapter_id,
-            lora_path=in_memory_lora_path(adapter_id),
-            peft_config=dict(peft_config),
-            lora_tensors={name: t.detach().cpu().contiguous() for name, t in tensors.items()},
-        )
-        if not await engine.add_lora(request):
-            raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id}")
+        # plain fields through our own RPC: a multi-stage engine's IPC rebuilds ``add_lora``'s request
+        # as a plain LoRARequest, dropping the tensors (and reports success while nothing was added)
+        fields = {
+            "lora_name": f"verl_omni_lora_{adapter_id}",
+            "lora_int_id": adapter_id,
+            "lora_path": in_memory_lora_path(adapter_id),
+            "peft_config": dict(peft_config),
+            "lora_tensors": {name: t.detach().cpu().contiguous() for name, t in tensors.items()},
+        }
+        added = _flatten(await self.collective_rpc("verl_omni_add_lora", fields))
+        if not added or not all(added):
+            raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id} (per worker: {added})")
         probes = _flatten(await self.collective_rpc("verl_omni_lora_binding", adapter_id))
         bound = sorted({name for probe in probes for name in probe["bound"]})
         unused = sorted({name for probe in probes for name in probe["unused"]})
         if not bound or unused:
-            await engine.remove_lora(adapter_id)
+            await self.collective_rpc("remove_lora", adapter_id)
             what = "binds no module" if not bound else f"has weights that bind no module: {unused[:8]}"
             raise ValueError(
                 f"LoRA adapter {what} of the rollout model (tensor names like {sorted(tensors)[:4]}, "
                 f"target_modules={peft_config.get('target_modules')}): fix the names or target_modules"
             )
         await self.clear_lora()
-        self.active_lora = request.without_tensors()
+        self.active_lora = TensorLoRARequest(**fields).without_tensors()
         logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
         return bound
 
@@ -274,7 +281,7 @@ class OmniRolloutEngine:
     async def clear_lora(self) -> None:
         """Stop using (and unload) the active adapter, if any."""
         if self.active_lora is not None:
-            await self._require_engine().remove_lora(self.active_lora.lora_int_id)
+            await self.collective_rpc("remove_lora", self.active_lora.lora_int_id)
             self.active_lora = None
 
     async def request_batch_sizes(self) -> list[int]:

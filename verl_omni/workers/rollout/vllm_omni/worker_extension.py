@@ -12,7 +12,7 @@ import logging
 
 from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
 
-from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRAManager
+from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRAManager, TensorLoRARequest
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,10 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
             lora_path=self.od_config.lora_path,
             lora_scale=self.od_config.lora_scale,
         )
+
+    def verl_omni_add_lora(self, fields: dict) -> list[bool]:
+        """Register the in-memory adapter given by ``TensorLoRARequest`` fields (see ``OmniRolloutEngine``)."""
+        return [self.lora_manager.add_adapter(TensorLoRARequest(**fields))]
 
     def verl_omni_lora_binding(self, adapter_id: int) -> list[dict]:
         """Probe adapter ``adapter_id``: the LoRA layers it binds to and its weights that bind to none."""
