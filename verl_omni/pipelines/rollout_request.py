@@ -131,8 +131,9 @@ def stack_windows(
             "log_probs": torch.empty(n, 0),
             "timesteps": torch.empty(n, 0),
         }
+    # recorded on the device (no stall during denoising); the payload travels from the host
     return {
-        "latents": torch.stack([torch.stack(x) for x in latents]),
-        "log_probs": torch.stack([torch.stack(x) for x in log_probs]),
-        "timesteps": torch.stack([torch.stack(x) for x in timesteps]),
+        "latents": torch.stack([torch.stack(x) for x in latents]).cpu(),
+        "log_probs": torch.stack([torch.stack(x) for x in log_probs]).cpu(),
+        "timesteps": torch.stack([torch.stack(x) for x in timesteps]).cpu(),
     }

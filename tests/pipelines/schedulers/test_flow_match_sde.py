@@ -8,8 +8,10 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from verl_omni.pipelines.schedulers import (
     FlowMatchSDEDiscreteScheduler,
+    ode_step,
     sample_sde_window_start,
     sde_step_with_logprob,
+    step_dts,
     window_noise_levels,
 )
 from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
@@ -99,6 +101,19 @@ def test_zero_noise_is_the_euler_step_and_has_no_log_prob(scheduler):
     want = euler.step(v[:1], t, x[:1]).prev_sample
     torch.testing.assert_close(out.prev_sample[:1], want)
     assert torch.isnan(out.log_prob[0]) and torch.isfinite(out.log_prob[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ode_step_is_the_sde_step_at_noise_level_zero_bit_for_bit(scheduler, dtype):
+    # the rollout takes ode_step outside the SDE window: what it computes there must not change
+    x, v = torch.randn(3, 8, 4).to(dtype), torch.randn(3, 8, 4).to(dtype)
+    dts = step_dts(scheduler)
+    assert len(dts) == NUM_STEPS
+    for i in (0, 4, NUM_STEPS - 1):
+        sde = sde_step_with_logprob(scheduler, v, scheduler.timesteps[i], x, noise_level=0.0).prev_sample
+        assert torch.equal(ode_step(x, v, dts[i]), sde)
+    cps = sde_step_with_logprob(scheduler, v, scheduler.timesteps[4], x, noise_level=0.0, sde_type="cps")
+    torch.testing.assert_close(ode_step(x, v, dts[4]), cps.prev_sample)
 
 
 def test_per_sample_generators_make_a_sample_independent_of_its_batch(scheduler):

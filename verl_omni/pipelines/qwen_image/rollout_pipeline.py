@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from diffusers.utils.torch_utils import randn_tensor
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
 from vllm_omni.diffusion.models.qwen_image.rope_utils import txt_seq_lens_from_embeds
@@ -35,11 +36,20 @@ from verl_omni.pipelines.qwen_image.rollout_request import (
     parse_rollout_request,
 )
 from verl_omni.pipelines.rollout_request import stack_windows
-from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
+from verl_omni.pipelines.schedulers.flow_match_sde import (
+    FlowMatchSDEDiscreteScheduler,
+    ode_step,
+    sde_step_with_logprob,
+    step_dts,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TRUE_CFG_SCALE = 4.0
+# images per VAE decode call: a transformer batch holds n x requests images (128 in a 512² recipe
+# step), too many for one decode beside a colocated actor; one at a time is slower than the stock
+# pipeline's one call per request
+VAE_DECODE_CHUNK = 16
 
 
 @dataclass
@@ -52,6 +62,7 @@ class RolloutState:
         noise_levels (`list[list[float]]`, ``T x B``): each sample's noise level at each step.
         generators (`list[torch.Generator]`, length B): one noise source per sample.
         sde_type (`str`): ``"sde"`` or ``"cps"``.
+        dts (`list[float]`, length T): σ' − σ of each step (fp32 values), for the ODE steps.
     """
 
     latents: torch.Tensor
@@ -59,6 +70,7 @@ class RolloutState:
     noise_levels: list[list[float]]
     generators: list[torch.Generator]
     sde_type: str
+    dts: list[float] = field(default_factory=list)
     step_index: int = 0
     # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
     window_latents: list[list[torch.Tensor]] = field(default_factory=list)
@@ -109,9 +121,6 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix)
         self.scheduler = FlowMatchSDEDiscreteScheduler.from_config(self.scheduler.config)
-        # a rollout batch is n x requests images (128 at the 512² recipe): decoding them in one VAE call
-        # needs tens of GB beside a colocated actor; one image at a time costs little time
-        self.vae.enable_slicing()
         # requests per transformer batch, in order: read by the worker extension (batching metric)
         self.request_batch_sizes: list[int] = []
 
@@ -154,28 +163,46 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         if self.interrupt:
             return
         step = state.step_index
-        t = state.current_timestep
         levels = state.noise_levels[step]
+        if not any(levels):
+            # no sample in its SDE window: the Euler step on the device (what the SDE step computes at
+            # noise level 0), without its noise draw and the host syncs of its timestep lookup
+            state.latents = ode_step(state.latents, noise_pred, state.dts[step]).to(state.latents.dtype)
+            state.step_index += 1
+            return
+        t = state.current_timestep
         result = sde_step_with_logprob(
             self.scheduler,
             noise_pred,
             t,
             state.latents,
             noise_level=torch.tensor(levels),
-            generator=state.generators,
             sde_type=state.sde_type,
+            noise=self._window_noise(state, levels),
         )
         prev = result.prev_sample.to(state.latents.dtype)
         for i, level in enumerate(levels):
             if level == 0:
                 continue
+            # kept on the device until the request is split: a host copy here would stall the GPU
             if not state.window_latents[i]:
-                state.window_latents[i].append(state.latents[i].detach().float().cpu())
-            state.window_latents[i].append(result.prev_sample[i].detach().cpu())
-            state.window_log_probs[i].append(result.log_prob[i].detach().cpu())
-            state.window_timesteps[i].append(t.detach().float().cpu())
+                state.window_latents[i].append(state.latents[i].detach().float())
+            state.window_latents[i].append(result.prev_sample[i].detach())
+            state.window_log_probs[i].append(result.log_prob[i].detach())
+            state.window_timesteps[i].append(t.detach().float())
         state.latents = prev
         state.step_index += 1
+
+    @staticmethod
+    def _window_noise(state: RolloutState, levels: list[float]) -> torch.Tensor:
+        """ε of this step, drawn from a sample's generator only inside its own window: a sample's noise
+        then does not depend on which samples share its batch (nor on their windows)."""
+        noise = torch.zeros(state.latents.shape, dtype=torch.float32, device=state.latents.device)
+        for i, level in enumerate(levels):
+            if level:
+                shape = (1, *noise.shape[1:])
+                noise[i] = randn_tensor(shape, generator=state.generators[i], device=noise.device, dtype=noise.dtype)[0]
+        return noise
 
     # ---- the request batch -------------------------------------------------------------------
 
@@ -240,6 +267,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             noise_levels=[[lv for r in requests for lv in r.noise_levels_at(i)] for i in range(len(timesteps))],
             generators=generators,
             sde_type=settings.sde_type,
+            dts=step_dts(self.scheduler),
         )
 
         # 3. Denoise: stock CFG prediction, our SDE step.
@@ -251,6 +279,13 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         if not bool(torch.isfinite(images).all()):
             raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
         return self._split_outputs(requests, state, images, cond)
+
+    def _decode_latents(self, latents: torch.Tensor, height: int, width: int, output_type: str = "pil"):
+        """The stock decode, :data:`VAE_DECODE_CHUNK` images per VAE call."""
+        chunks = []
+        for chunk in latents.split(VAE_DECODE_CHUNK):  # a loop: zero-argument super() fails in a 3.11 comprehension
+            chunks.append(super()._decode_latents(chunk, height, width, output_type))
+        return DiffusionOutput(output=torch.cat([c.output for c in chunks]), stage_durations=chunks[0].stage_durations)
 
     def _denoise(self, state: RolloutState, cond: Conditioning, settings: BatchSettings) -> None:
         batch = state.latents.shape[0]

@@ -2,8 +2,10 @@ from verl_omni.pipelines.schedulers.flow_match_sde import (
     SDE_TYPES,
     FlowMatchSDEDiscreteScheduler,
     SDEStepOutput,
+    ode_step,
     sample_sde_window_start,
     sde_step_with_logprob,
+    step_dts,
     window_noise_levels,
 )
 
@@ -11,7 +13,9 @@ __all__ = [
     "SDE_TYPES",
     "FlowMatchSDEDiscreteScheduler",
     "SDEStepOutput",
+    "ode_step",
     "sample_sde_window_start",
     "sde_step_with_logprob",
+    "step_dts",
     "window_noise_levels",
 ]

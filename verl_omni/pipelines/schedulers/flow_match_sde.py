@@ -94,6 +94,7 @@ def sde_step_with_logprob(
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     sde_type: str = "sde",
+    noise: torch.Tensor | None = None,
 ) -> SDEStepOutput:
     """One stochastic flow-matching step σ → σ' and the log-probability of its result.
 
@@ -107,6 +108,8 @@ def sde_step_with_logprob(
         prev_sample (`torch.Tensor`, *optional*): a given x' (replay); sampled when ``None``.
         generator (`torch.Generator` or list of one per sample, *optional*): noise source when sampling.
         sde_type (`str`, defaults to ``"sde"``): ``"sde"`` or ``"cps"``.
+        noise (`torch.Tensor`, *optional*): the standard-normal draw ε to sample with instead of drawing
+            from ``generator`` (a sample at noise level 0 ignores its row).
 
     Returns:
         :class:`SDEStepOutput` (a tuple ``(prev_sample, log_prob, prev_sample_mean, std_dev_t)``); fp32.
@@ -117,6 +120,8 @@ def sde_step_with_logprob(
         raise ValueError(f"model_output shape {tuple(model_output.shape)} != sample shape {tuple(sample.shape)}")
     if prev_sample is not None and prev_sample.shape != sample.shape:
         raise ValueError(f"prev_sample shape {tuple(prev_sample.shape)} != sample shape {tuple(sample.shape)}")
+    if noise is not None and noise.shape != sample.shape:
+        raise ValueError(f"noise shape {tuple(noise.shape)} != sample shape {tuple(sample.shape)}")
     batch, ndim, device = sample.shape[0], sample.ndim, sample.device
 
     # 1. Per-sample sigmas (fp32 math throughout, whatever the model's dtype).
@@ -145,7 +150,11 @@ def sde_step_with_logprob(
 
     # 3. Sample x' unless it is given (replay).
     if prev_sample is None:
-        eps = randn_tensor(x.shape, generator=generator, device=device, dtype=torch.float32)
+        eps = (
+            noise
+            if noise is not None
+            else randn_tensor(x.shape, generator=generator, device=device, dtype=torch.float32)
+        )
         prev_sample = mean + noise_scale * eps
     prev_sample = prev_sample.to(torch.float32)
 
@@ -161,6 +170,20 @@ def sde_step_with_logprob(
     log_prob = log_prob.mean(dim=tuple(range(1, ndim)))
     log_prob = torch.where(deterministic.reshape(-1), torch.full_like(log_prob, float("nan")), log_prob)
     return SDEStepOutput(prev_sample, log_prob, mean, std_dev_t)
+
+
+def ode_step(sample: torch.Tensor, model_output: torch.Tensor, dt: float) -> torch.Tensor:
+    """The deterministic step x + v·dt in fp32 (``dt`` = σ' − σ as an fp32 value): what
+    :func:`sde_step_with_logprob` samples at noise level 0 (bit for bit with ``"sde"``), without its
+    noise draw, its log-prob and the host syncs of its timestep lookup (rollout steps outside the window).
+    """
+    return sample.to(torch.float32) + dt * model_output.to(torch.float32)
+
+
+def step_dts(scheduler: FlowMatchEulerDiscreteScheduler) -> list[float]:
+    """σ' − σ of every step of the scheduler's schedule, computed in fp32 as the SDE step does."""
+    sigmas = scheduler.sigmas.to(torch.float32).cpu()
+    return [float(sigmas[i + 1] - sigmas[i]) for i in range(len(sigmas) - 1)]
 
 
 class FlowMatchSDEDiscreteScheduler(FlowMatchEulerDiscreteScheduler):
