@@ -6,8 +6,8 @@
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
 # The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
-# weights while the actor trains: one GPU (NGPUS=1) holds both; more GPUs: NGPUS actor ranks and as
-# many rollout replicas. The actor's frozen base is bf16, its LoRA fp32. Extra arguments are Hydra
+# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md);
+# more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its LoRA fp32. Extra arguments are Hydra
 # overrides. See docs/trainer.md.
 set -euo pipefail
 
@@ -38,7 +38,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.n_gpus_per_node="$NGPUS" \
     actor_rollout_ref.rollout.agent.num_workers=2 \
     actor_rollout_ref.actor.ppo_mini_batch_size=32 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.actor.clip_ratio=1e-4 \
     actor_rollout_ref.actor.kl_beta=0.04 \
     actor_rollout_ref.actor.optim.lr=3e-4 \

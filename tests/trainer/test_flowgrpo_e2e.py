@@ -109,7 +109,10 @@ def test_one_replica_one_rank_trains_logs_and_syncs(one):
     for record in records[1:]:
         assert record["data"]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
         # the step's two group requests (validation's are not counted), in one batch or two (arrival timing)
-        batches, per_batch = record["data"]["rollout/engine_batches"], record["data"]["rollout/requests_per_engine_batch"]
+        batches, per_batch = (
+            record["data"]["rollout/engine_batches"],
+            record["data"]["rollout/requests_per_engine_batch"],
+        )
         assert batches * per_batch == 2, (batches, per_batch)
         print(f"step {record['step']}: {batches:.0f} engine batches, {per_batch:.1f} requests each")
 

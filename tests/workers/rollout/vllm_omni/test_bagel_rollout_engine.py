@@ -7,6 +7,9 @@ The thinker + DiT deploy needs vLLM's compiled AR engine (``vllm._C``), absent f
 
 import pytest
 import torch
+from bagel_helpers import replay_diff
+
+from verl_omni.workers.utils.replay import ReplaySpec
 
 H = W = 32
 STEPS = 4
@@ -75,28 +78,7 @@ def test_same_seed_reproduces_the_sample(loop, bagel_engine, bagel_prompts, reco
 
 
 def _replay(model_path, outputs, lora=None, autocast=False) -> float:
-    """Max |log π_θ − recorded log-prob| over the outputs' recorded steps, with the fp32 training module
-    (``autocast``: under bf16 autocast, as the rollout computes)."""
-    from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
-    from verl_omni.workers.utils.replay import ReplaySpec, check_replay_batch, prepare_scheduler, replay_step
-
-    adapter = BagelTrainingAdapter
-    module = adapter.build_module(model_path).eval()
-    if lora is not None:
-        lora(module)
-    spec = ReplaySpec(STEPS, H, W, NOISE, "sde", CFG)
-    batch = {
-        k: torch.stack([o.extra_fields[k] for o in outputs]) for k in outputs[0].extra_fields if k != "window_start"
-    }
-    check_replay_batch(batch, spec, adapter)
-    scheduler = adapter.build_scheduler(model_path)
-    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
-    recorded = torch.stack([o.log_probs for o in outputs])
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        replayed = torch.stack(
-            [replay_step(adapter, module, scheduler, batch, j, spec).log_prob for j in range(WINDOW)], 1
-        )
-    return float((replayed - recorded).abs().max())
+    return replay_diff(model_path, outputs, ReplaySpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
 
 
 def test_replay_reproduces_rollout_log_probs(recorded, tiny_bagel_path):

@@ -9,6 +9,9 @@ import asyncio
 
 import pytest
 import torch
+from bagel_helpers import replay_diff
+
+from verl_omni.workers.utils.replay import ReplaySpec
 
 H = W = 64
 STEPS = 4
@@ -22,6 +25,9 @@ SAMPLING = {
     "sde_window_size": WINDOW,
     "seed": 11,
 }
+# max |Δ log-prob| thinker + DiT rollout (bf16) vs the training module's replay (fp32, its own
+# understanding-expert prefill of the same token ids); the DiT-only path on CPU measures 6.2e-4
+REPLAY_BOUND = 2e-3
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -54,6 +60,21 @@ def test_thinker_dit_generates_with_log_probs_per_sample(loop, thinker_dit_engin
         assert out.extra_fields["all_latents"].shape[0] == WINDOW + 1
         assert out.extra_fields["all_timesteps"].shape == (WINDOW,)
     assert not torch.equal(outs[0].diffusion_output, outs[1].diffusion_output)
+
+
+def test_thinker_dit_rollout_replays_with_the_training_module(loop, thinker_dit_engine, ids, tiny_bagel_bf16_path):
+    # the DiT stage conditions on the thinker's KV cache; the training module prefills the same ids itself:
+    # a different position, mask or prompt layout on either side shows here as a log-prob gap
+    # with the empty negative context the agent loop sends for BAGEL (true CFG)
+    outs = loop.run(
+        thinker_dit_engine.engine_call(
+            ids, SAMPLING, "gpu-replay", num_outputs_per_prompt=2, negative_prompt_token_ids=[]
+        )
+    )
+    spec = ReplaySpec(STEPS, H, W, SAMPLING["noise_level"], "sde", SAMPLING["true_cfg_scale"])
+    diff = replay_diff(tiny_bagel_bf16_path, outs, spec)
+    print(f"BAGEL thinker + DiT rollout vs training-module replay: max |log-prob diff| {diff:.3e}")
+    assert diff <= REPLAY_BOUND
 
 
 def test_concurrent_requests_each_get_their_own_sample(loop, thinker_dit_engine, ids):
