@@ -70,7 +70,7 @@ class RolloutState:
     noise_levels: list[list[float]]
     generators: list[torch.Generator]
     sde_type: str
-    dts: list[float] = field(default_factory=list)
+    dts: list[float]
     step_index: int = 0
     # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
     window_latents: list[list[torch.Tensor]] = field(default_factory=list)

@@ -166,17 +166,18 @@ class OmniRolloutEngine:
             raise RuntimeError("the rollout engine is not started: call start() first")
         return self.engine
 
+    def _diffusion_stages(self) -> list[bool]:
+        """Per stage of the engine, whether it is a diffusion stage (a thinker stage is vLLM's AR engine)."""
+        clients = getattr(self._require_engine().engine, "stage_clients", None) or []
+        return [getattr(c, "stage_type", "") == "diffusion" for c in clients]
+
     def _stage_sampling_params(self, diffusion_params) -> list[Any]:
         """One entry per stage: the engine's defaults, the caller's for the diffusion stage(s)."""
-        engine = self._require_engine()
-        clients = getattr(engine.engine, "stage_clients", None) or []
-        if len(clients) <= 1:
+        stages = self._diffusion_stages()
+        if len(stages) <= 1:
             return [diffusion_params]
-        defaults = list(engine.default_sampling_params_list)
-        return [
-            diffusion_params if getattr(c, "stage_type", "") == "diffusion" else d
-            for c, d in zip(clients, defaults, strict=True)
-        ]
+        defaults = list(self._require_engine().default_sampling_params_list)
+        return [diffusion_params if is_diffusion else d for is_diffusion, d in zip(stages, defaults, strict=True)]
 
     async def engine_call(
         self,
@@ -224,8 +225,7 @@ class OmniRolloutEngine:
 
         A thinker stage (vLLM's AR worker) has neither our worker extension nor in-memory adapters.
         """
-        clients = getattr(self._require_engine().engine, "stage_clients", None) or []
-        stage_ids = [i for i, c in enumerate(clients) if getattr(c, "stage_type", "") == "diffusion"] or None
+        stage_ids = [i for i, is_diffusion in enumerate(self._diffusion_stages()) if is_diffusion] or None
         return await self._require_engine().collective_rpc(method=method, args=args, stage_ids=stage_ids)
 
     async def abort(self, request_ids: list[str]) -> None:

@@ -1,9 +1,11 @@
 """LoRA adapters as in-memory tensors for vLLM-Omni's diffusion LoRA manager.
 
 vLLM-Omni 0.26 loads diffusion LoRA adapters from a path only. ``TensorLoRARequest`` carries the
-PEFT config and the tensors themselves (they travel to the worker with the ``add_lora`` RPC, no
-files), and ``TensorLoRAManager`` — installed by our worker extension when the worker builds its
-LoRA manager — builds the adapter from them. ``binding`` is the probe the server runs after
+PEFT config and the tensors themselves; the worker extension builds it from plain fields that our
+own RPC carries to the diffusion workers (no files; vLLM-Omni's ``add_lora`` would rebuild it as a
+plain ``LoRARequest`` on the way to a multi-stage engine's DiT process), and ``TensorLoRAManager``
+— installed by our worker extension when the worker builds its LoRA manager — builds the adapter
+from them. ``binding`` is the probe the server runs after
 every sync: an adapter whose names match no module (or only some of them) would otherwise
 train weights the rollout never uses while it looks healthy.
 """
