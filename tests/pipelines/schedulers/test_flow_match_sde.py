@@ -10,7 +10,9 @@ from verl_omni.pipelines.schedulers import (
     FlowMatchSDEDiscreteScheduler,
     ode_step,
     sample_sde_window_start,
+    schedule_sigmas,
     sde_step_with_logprob,
+    sde_transition,
     step_dts,
     window_noise_levels,
 )
@@ -114,6 +116,24 @@ def test_ode_step_is_the_sde_step_at_noise_level_zero_bit_for_bit(scheduler, dty
         assert torch.equal(ode_step(x, v, dts[i]), sde)
     cps = sde_step_with_logprob(scheduler, v, scheduler.timesteps[4], x, noise_level=0.0, sde_type="cps")
     torch.testing.assert_close(ode_step(x, v, dts[4]), cps.prev_sample)
+
+
+@pytest.mark.parametrize("sde_type", ["sde", "cps"])
+def test_transition_at_a_known_step_is_the_step_by_timestep_bit_for_bit(scheduler, sde_type):
+    # the rollout steps with sde_transition at the loop's step index (no lookup); the trainer replays
+    # the same transition through sde_step_with_logprob's timestep lookup: both must agree exactly
+    g = torch.Generator().manual_seed(7)
+    x, v, eps = (torch.randn(3, 8, 4, generator=g) for _ in range(3))
+    levels = torch.tensor([0.7, 0.0, 1.2])
+    sigmas = schedule_sigmas(scheduler)
+    for i in (0, 5, NUM_STEPS - 1):
+        by_timestep = sde_step_with_logprob(
+            scheduler, v, scheduler.timesteps[i], x, levels, sde_type=sde_type, noise=eps
+        )
+        at_step = sde_transition(v, x, sigmas, i, levels, sde_type=sde_type, noise=eps)
+        for got, want in zip(at_step, by_timestep, strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        assert torch.isnan(at_step.log_prob[1]) and torch.isfinite(at_step.log_prob[[0, 2]]).all()
 
 
 def test_per_sample_generators_make_a_sample_independent_of_its_batch(scheduler):

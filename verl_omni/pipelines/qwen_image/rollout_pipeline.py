@@ -39,7 +39,8 @@ from verl_omni.pipelines.rollout_request import stack_windows
 from verl_omni.pipelines.schedulers.flow_match_sde import (
     FlowMatchSDEDiscreteScheduler,
     ode_step,
-    sde_step_with_logprob,
+    schedule_sigmas,
+    sde_transition,
     step_dts,
 )
 
@@ -63,6 +64,7 @@ class RolloutState:
         generators (`list[torch.Generator]`, length B): one noise source per sample.
         sde_type (`str`): ``"sde"`` or ``"cps"``.
         dts (`list[float]`, length T): σ' − σ of each step (fp32 values), for the ODE steps.
+        sigmas (`torch.Tensor`, ``[T+1]``): the schedule's σ in fp32 on the latents' device, for the SDE steps.
     """
 
     latents: torch.Tensor
@@ -71,7 +73,9 @@ class RolloutState:
     generators: list[torch.Generator]
     sde_type: str
     dts: list[float]
+    sigmas: torch.Tensor
     step_index: int = 0
+    noise_level_table: torch.Tensor = field(init=False)
     # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
     window_latents: list[list[torch.Tensor]] = field(default_factory=list)
     window_log_probs: list[list[torch.Tensor]] = field(default_factory=list)
@@ -82,6 +86,8 @@ class RolloutState:
         self.window_latents = [[] for _ in range(batch)]
         self.window_log_probs = [[] for _ in range(batch)]
         self.window_timesteps = [[] for _ in range(batch)]
+        # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step
+        self.noise_level_table = torch.tensor(self.noise_levels, dtype=torch.float32).to(self.latents.device)
 
     @property
     def current_timestep(self) -> torch.Tensor:
@@ -171,12 +177,13 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             state.step_index += 1
             return
         t = state.current_timestep
-        result = sde_step_with_logprob(
-            self.scheduler,
+        # the schedule position is the loop's: no timestep lookup, nothing read back to the host
+        result = sde_transition(
             noise_pred,
-            t,
             state.latents,
-            noise_level=torch.tensor(levels),
+            state.sigmas,
+            step,
+            state.noise_level_table[step],
             sde_type=state.sde_type,
             noise=self._window_noise(state, levels),
         )
@@ -268,6 +275,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             generators=generators,
             sde_type=settings.sde_type,
             dts=step_dts(self.scheduler),
+            sigmas=schedule_sigmas(self.scheduler, latents.device),
         )
 
         # 3. Denoise: stock CFG prediction, our SDE step.
@@ -275,7 +283,8 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         self._current_timestep = None
 
         # 4. Decode and split per request.
-        images = self._decode_latents(state.latents, settings.height, settings.width, "pt").output
+        # fp32 on the device: vLLM-Omni's transfer and post-process would each cast bf16 images on the host
+        images = self._decode_latents(state.latents, settings.height, settings.width, "pt").output.float()
         if not bool(torch.isfinite(images).all()):
             raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
         return self._split_outputs(requests, state, images, cond)
@@ -352,13 +361,10 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
                 )
                 trajectory["negative_prompt_embeds"] = n_embeds
                 trajectory["negative_prompt_embeds_mask"] = n_mask
+            # the trajectory travels once, in the payload: DiffusionOutput's trajectory_* fields are only
+            # vLLM-Omni's fallback for it and would be copied through shared memory a second time
             outputs.append(
-                DiffusionOutput(
-                    output={"payload": {"image": images[rows.start : rows.stop], "trajectory": trajectory}},
-                    trajectory_latents=trajectory["latents"],
-                    trajectory_log_probs=trajectory["log_probs"],
-                    trajectory_timesteps=trajectory["timesteps"],
-                )
+                DiffusionOutput(output={"payload": {"image": images[rows.start : rows.stop], "trajectory": trajectory}})
             )
             start = rows.stop
         return outputs

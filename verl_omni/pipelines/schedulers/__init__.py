@@ -4,7 +4,9 @@ from verl_omni.pipelines.schedulers.flow_match_sde import (
     SDEStepOutput,
     ode_step,
     sample_sde_window_start,
+    schedule_sigmas,
     sde_step_with_logprob,
+    sde_transition,
     step_dts,
     window_noise_levels,
 )
@@ -15,7 +17,9 @@ __all__ = [
     "SDEStepOutput",
     "ode_step",
     "sample_sde_window_start",
+    "schedule_sigmas",
     "sde_step_with_logprob",
+    "sde_transition",
     "step_dts",
     "window_noise_levels",
 ]

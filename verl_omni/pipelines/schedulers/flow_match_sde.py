@@ -122,14 +122,53 @@ def sde_step_with_logprob(
         raise ValueError(f"prev_sample shape {tuple(prev_sample.shape)} != sample shape {tuple(sample.shape)}")
     if noise is not None and noise.shape != sample.shape:
         raise ValueError(f"noise shape {tuple(noise.shape)} != sample shape {tuple(sample.shape)}")
-    batch, ndim, device = sample.shape[0], sample.ndim, sample.device
+    batch = sample.shape[0]
+    idx = step_indices_for_timesteps(scheduler, timestep, batch)
+    return sde_transition(
+        model_output,
+        sample,
+        schedule_sigmas(scheduler),
+        idx,
+        _noise_levels(noise_level, batch),
+        prev_sample=prev_sample,
+        generator=generator,
+        sde_type=sde_type,
+        noise=noise,
+    )
+
+
+def schedule_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The scheduler's σ values ``[T+1]`` in fp32 on ``device``: what :func:`sde_transition` indexes."""
+    return scheduler.sigmas.to(device=device, dtype=torch.float32)
+
+
+def sde_transition(
+    model_output: torch.Tensor,
+    sample: torch.Tensor,
+    sigmas: torch.Tensor,
+    step: int | torch.Tensor,
+    noise_level: torch.Tensor,
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    sde_type: str = "sde",
+    noise: torch.Tensor | None = None,
+) -> SDEStepOutput:
+    """The step of :func:`sde_step_with_logprob` once the schedule position is known, with no host sync
+    when ``sigmas``, ``noise_level`` and ``noise`` are on the sample's device and ``step`` is an int
+    (the rollout's loop; the step-by-timestep lookup reads values on the host).
+
+    Args:
+        model_output, sample, prev_sample, generator, sde_type, noise: as in :func:`sde_step_with_logprob`.
+        sigmas (`torch.Tensor`, ``[T+1]``): :func:`schedule_sigmas` of the schedule.
+        step (`int` or `torch.Tensor` ``[B]``): the step every sample (or each sample) takes, σ = sigmas[step].
+        noise_level (`torch.Tensor`, ``[B]`` or scalar): a >= 0 per sample (not checked here).
+    """
+    ndim, device = sample.ndim, sample.device
 
     # 1. Per-sample sigmas (fp32 math throughout, whatever the model's dtype).
-    idx = step_indices_for_timesteps(scheduler, timestep, batch)
-    sigmas = scheduler.sigmas.to(torch.float32).cpu()
-    sigma = _batch_view(sigmas[idx], ndim).to(device)
-    sigma_next = _batch_view(sigmas[idx + 1], ndim).to(device)
-    a = _batch_view(_noise_levels(noise_level, batch), ndim).to(device)
+    sigma = _batch_view(sigmas[step], ndim).to(device)
+    sigma_next = _batch_view(sigmas[step + 1], ndim).to(device)
+    a = _batch_view(noise_level.to(torch.float32), ndim).to(device)
     x = sample.to(torch.float32)
     v = model_output.to(torch.float32)
     dt = sigma_next - sigma
@@ -160,7 +199,7 @@ def sde_step_with_logprob(
 
     # 4. Log-probability, averaged over every non-batch dim; NaN for deterministic samples.
     # (a safe scale where a == 0 keeps NaN out of gradients of the other samples)
-    deterministic = a == 0
+    deterministic = (a == 0).expand(x.shape[0], *a.shape[1:])
     diff_sq = (prev_sample.detach() - mean) ** 2
     if sde_type == "sde":
         scale = torch.where(deterministic, torch.ones_like(noise_scale), noise_scale)
