@@ -121,7 +121,11 @@ async def time_stock_engine(args, model_path: Path, pipeline: str | None) -> dic
     from vllm_omni.entrypoints.async_omni import AsyncOmni
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
+    from verl_omni.workers.rollout.vllm_omni.engine import DEFAULT_BATCH_WAIT_MS
+
     extra = {"custom_pipeline_args": {"pipeline_class": pipeline}} if pipeline else {}
+    # the rollout engine's request-admission wait too: the comparison is of pipelines, not of admission
+    extra["request_batch_max_wait_ms"] = DEFAULT_BATCH_WAIT_MS
     engine = AsyncOmni(model=str(model_path), dtype=args.dtype, max_num_seqs=args.n, **extra, **engine_kwargs(args))
     logger.info("stock engine started")
 
