@@ -5,6 +5,8 @@ Modes (all the same prompt, size and steps; ``--cfg`` lists the true-CFG scales 
 * ``concurrent``: N concurrent ``generate`` (N=1) requests to our log-prob engine, which may batch
   queued requests (``max_num_seqs=N``);
 * ``batched``: one ``generate_batched(N)`` request to the same engine (one transformer batch);
+  ``--requests R`` sends R of them at once (R x N images in one transformer batch, like a trainer
+  step's R prompt groups);
 * ``serial``: N concurrent single requests to an engine that runs one request at a time
   (``max_num_seqs=1``), i.e. no batching at all;
 * ``stock``: vLLM-Omni's own Qwen-Image pipeline, one request with ``num_outputs_per_prompt=N``;
@@ -106,7 +108,11 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
         await asyncio.gather(*calls)
 
     async def batched(cfg, r):
-        await engine.engine_call(ids, sampling(args, cfg, 1000 * r), f"b{cfg}-{r}", args.n, negative(cfg))
+        calls = [
+            engine.engine_call(ids, sampling(args, cfg, 1000 * r + 100 * k), f"b{cfg}-{r}-{k}", args.n, negative(cfg))
+            for k in range(args.requests)
+        ]
+        await asyncio.gather(*calls)
 
     runs = {"concurrent": singles, "serial": singles, "batched": batched}
     try:
@@ -228,6 +234,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="denoising steps (default 8 on CPU, 50 full size)")
     parser.add_argument("--size", type=int, help="image side (default 64 on CPU, 512 full size)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--requests", type=int, default=1, help="batched: concurrent generate_batched(N) calls")
     parser.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
@@ -236,6 +243,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.steps = args.steps or (50 if args.full_size else 8)
     args.size = args.size or (512 if args.full_size else 64)
     args.dtype = "float32" if args.device == "cpu" else "bfloat16"
+    if args.requests < 1 or args.requests > args.n:
+        parser.error(f"--requests must be in [1, --n={args.n}] (the engine batches at most N requests)")
+    if args.requests > 1 and set(args.modes) != {"batched"}:
+        parser.error("--requests applies to the batched mode only: pass --modes batched")
     return args
 
 
@@ -267,7 +278,7 @@ def main(argv=None) -> dict:
     ceiling = matmul_ceiling_tflops(torch.device(args.device), dtype, 8192 if args.device == "cuda" else 1024)
     rows = []
     for (mode, cfg), secs in seconds.items():
-        img_s = args.n / secs
+        img_s = args.n * args.requests / secs
         limit = ceiling / (tflop * args.steps * (2 if cfg > 1 else 1))
         rows.append({"mode": mode, "cfg": cfg, "img_s": round(img_s, 4), "fraction_of_limit": round(img_s / limit, 4)})
         logger.info(
@@ -281,6 +292,7 @@ def main(argv=None) -> dict:
     result = {
         "rows": rows,
         "n": args.n,
+        "requests": args.requests,
         "steps": args.steps,
         "size": args.size,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
