@@ -7,8 +7,8 @@
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
 # The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
 # weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md);
-# more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its LoRA fp32. Extra arguments are Hydra
-# overrides. See docs/trainer.md.
+# more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
+# LoRA fp32. Extra arguments are Hydra overrides. See docs/trainer.md.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-$HOME/models/Qwen-Image}

@@ -109,7 +109,7 @@ def test_zero_noise_is_the_euler_step_and_has_no_log_prob(scheduler):
 def test_ode_step_is_the_sde_step_at_noise_level_zero_bit_for_bit(scheduler, dtype):
     # the rollout takes ode_step outside the SDE window: what it computes there must not change
     x, v = torch.randn(3, 8, 4).to(dtype), torch.randn(3, 8, 4).to(dtype)
-    dts = step_dts(scheduler)
+    dts = step_dts(schedule_sigmas(scheduler))
     assert len(dts) == NUM_STEPS
     for i in (0, 4, NUM_STEPS - 1):
         sde = sde_step_with_logprob(scheduler, v, scheduler.timesteps[i], x, noise_level=0.0).prev_sample
@@ -123,14 +123,18 @@ def test_transition_at_a_known_step_is_the_step_by_timestep_bit_for_bit(schedule
     # the rollout steps with sde_transition at the loop's step index (no lookup); the trainer replays
     # the same transition through sde_step_with_logprob's timestep lookup: both must agree exactly
     g = torch.Generator().manual_seed(7)
-    x, v, eps = (torch.randn(3, 8, 4, generator=g) for _ in range(3))
+    x, v = (torch.randn(3, 8, 4, generator=g) for _ in range(2))
     levels = torch.tensor([0.7, 0.0, 1.2])
     sigmas = schedule_sigmas(scheduler)
+
+    def generators():
+        return [torch.Generator().manual_seed(100 + b) for b in range(3)]
+
     for i in (0, 5, NUM_STEPS - 1):
         by_timestep = sde_step_with_logprob(
-            scheduler, v, scheduler.timesteps[i], x, levels, sde_type=sde_type, noise=eps
+            scheduler, v, scheduler.timesteps[i], x, levels, generator=generators(), sde_type=sde_type
         )
-        at_step = sde_transition(v, x, sigmas, i, levels, sde_type=sde_type, noise=eps)
+        at_step = sde_transition(v, x, sigmas, i, levels, generator=generators(), sde_type=sde_type)
         for got, want in zip(at_step, by_timestep, strict=True):
             torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
         assert torch.isnan(at_step.log_prob[1]) and torch.isfinite(at_step.log_prob[[0, 2]]).all()

@@ -63,8 +63,8 @@ class RolloutState:
         noise_levels (`list[list[float]]`, ``T x B``): each sample's noise level at each step.
         generators (`list[torch.Generator]`, length B): one noise source per sample.
         sde_type (`str`): ``"sde"`` or ``"cps"``.
-        dts (`list[float]`, length T): σ' − σ of each step (fp32 values), for the ODE steps.
-        sigmas (`torch.Tensor`, ``[T+1]``): the schedule's σ in fp32 on the latents' device, for the SDE steps.
+        sigmas (`torch.Tensor`, ``[T+1]``): the schedule's σ in fp32 on the latents' device, for the SDE steps
+            (``dts``, σ' − σ per step as host floats for the ODE steps, is derived from it once).
     """
 
     latents: torch.Tensor
@@ -72,9 +72,9 @@ class RolloutState:
     noise_levels: list[list[float]]
     generators: list[torch.Generator]
     sde_type: str
-    dts: list[float]
     sigmas: torch.Tensor
     step_index: int = 0
+    dts: list[float] = field(init=False)
     noise_level_table: torch.Tensor = field(init=False)
     # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
     window_latents: list[list[torch.Tensor]] = field(default_factory=list)
@@ -86,6 +86,7 @@ class RolloutState:
         self.window_latents = [[] for _ in range(batch)]
         self.window_log_probs = [[] for _ in range(batch)]
         self.window_timesteps = [[] for _ in range(batch)]
+        self.dts = step_dts(self.sigmas)
         # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step
         self.noise_level_table = torch.tensor(self.noise_levels, dtype=torch.float32).to(self.latents.device)
 
@@ -188,6 +189,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             noise=self._window_noise(state, levels),
         )
         prev = result.prev_sample.to(state.latents.dtype)
+        recorded_t = t.detach().float()
         for i, level in enumerate(levels):
             if level == 0:
                 continue
@@ -196,7 +198,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
                 state.window_latents[i].append(state.latents[i].detach().float())
             state.window_latents[i].append(result.prev_sample[i].detach())
             state.window_log_probs[i].append(result.log_prob[i].detach())
-            state.window_timesteps[i].append(t.detach().float())
+            state.window_timesteps[i].append(recorded_t)
         state.latents = prev
         state.step_index += 1
 
@@ -274,7 +276,6 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             noise_levels=[[lv for r in requests for lv in r.noise_levels_at(i)] for i in range(len(timesteps))],
             generators=generators,
             sde_type=settings.sde_type,
-            dts=step_dts(self.scheduler),
             sigmas=schedule_sigmas(self.scheduler, latents.device),
         )
 

@@ -94,7 +94,6 @@ def sde_step_with_logprob(
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     sde_type: str = "sde",
-    noise: torch.Tensor | None = None,
 ) -> SDEStepOutput:
     """One stochastic flow-matching step σ → σ' and the log-probability of its result.
 
@@ -108,8 +107,6 @@ def sde_step_with_logprob(
         prev_sample (`torch.Tensor`, *optional*): a given x' (replay); sampled when ``None``.
         generator (`torch.Generator` or list of one per sample, *optional*): noise source when sampling.
         sde_type (`str`, defaults to ``"sde"``): ``"sde"`` or ``"cps"``.
-        noise (`torch.Tensor`, *optional*): the standard-normal draw ε to sample with instead of drawing
-            from ``generator`` (a sample at noise level 0 ignores its row).
 
     Returns:
         :class:`SDEStepOutput` (a tuple ``(prev_sample, log_prob, prev_sample_mean, std_dev_t)``); fp32.
@@ -120,8 +117,6 @@ def sde_step_with_logprob(
         raise ValueError(f"model_output shape {tuple(model_output.shape)} != sample shape {tuple(sample.shape)}")
     if prev_sample is not None and prev_sample.shape != sample.shape:
         raise ValueError(f"prev_sample shape {tuple(prev_sample.shape)} != sample shape {tuple(sample.shape)}")
-    if noise is not None and noise.shape != sample.shape:
-        raise ValueError(f"noise shape {tuple(noise.shape)} != sample shape {tuple(sample.shape)}")
     batch = sample.shape[0]
     idx = step_indices_for_timesteps(scheduler, timestep, batch)
     return sde_transition(
@@ -133,7 +128,6 @@ def sde_step_with_logprob(
         prev_sample=prev_sample,
         generator=generator,
         sde_type=sde_type,
-        noise=noise,
     )
 
 
@@ -158,10 +152,12 @@ def sde_transition(
     (the rollout's loop; the step-by-timestep lookup reads values on the host).
 
     Args:
-        model_output, sample, prev_sample, generator, sde_type, noise: as in :func:`sde_step_with_logprob`.
+        model_output, sample, prev_sample, generator, sde_type: as in :func:`sde_step_with_logprob`.
         sigmas (`torch.Tensor`, ``[T+1]``): :func:`schedule_sigmas` of the schedule.
         step (`int` or `torch.Tensor` ``[B]``): the step every sample (or each sample) takes, σ = sigmas[step].
         noise_level (`torch.Tensor`, ``[B]`` or scalar): a >= 0 per sample (not checked here).
+        noise (`torch.Tensor`, *optional*): the standard-normal draw ε to sample with instead of drawing
+            from ``generator`` (a sample at noise level 0 ignores its row).
     """
     ndim, device = sample.ndim, sample.device
 
@@ -219,9 +215,9 @@ def ode_step(sample: torch.Tensor, model_output: torch.Tensor, dt: float) -> tor
     return sample.to(torch.float32) + dt * model_output.to(torch.float32)
 
 
-def step_dts(scheduler: FlowMatchEulerDiscreteScheduler) -> list[float]:
-    """σ' − σ of every step of the scheduler's schedule, computed in fp32 as the SDE step does."""
-    sigmas = scheduler.sigmas.to(torch.float32).cpu()
+def step_dts(sigmas: torch.Tensor) -> list[float]:
+    """σ' − σ of every step of a :func:`schedule_sigmas` table, in fp32 as the SDE step computes it."""
+    sigmas = sigmas.cpu()
     return [float(sigmas[i + 1] - sigmas[i]) for i in range(len(sigmas) - 1)]
 
 
