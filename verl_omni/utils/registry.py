@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import pkgutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -158,8 +158,3 @@ def import_submodules(package: str, module: str | None = None, skip_private: boo
 def _has_module(package: str, module: str) -> bool:
     """Whether ``package``'s folder holds ``module`` (a ``.py`` file or a subpackage), found without importing it."""
     return any(info.name == module for info in pkgutil.iter_modules(importlib.import_module(package).__path__))
-
-
-def entry_point_names(group: str) -> Iterable[str]:
-    """Names of the installed entry points of ``group`` (nothing is imported)."""
-    return sorted({ep.name for ep in importlib.metadata.entry_points(group=group)})
