@@ -14,12 +14,18 @@ Adapters are classes whose attributes state facts and whose class methods do the
 architecture name (``model_index.json``'s ``_class_name`` for diffusers checkpoints,
 ``config.json``'s ``architectures[0]`` otherwise) and declare the algorithms they support.
 Engines look the adapter up here; nothing in the trainer tests an architecture name.
+
+Registration keeps no list (``docs/models.md``): a built-in model is a package
+``verl_omni/pipelines/<model>/`` whose ``training_adapter.py`` decorates its adapter with
+``@register_training_adapter("<architecture>")``; every such module is imported on the first lookup.
+An out-of-tree model is an installed distribution with an entry point in the group
+:data:`ADAPTER_ENTRY_POINT_GROUP` named by the architecture, ``<architecture> = "<module>:<AdapterClass>"``,
+loaded on the first lookup of that architecture.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import json
 from collections.abc import Mapping
@@ -28,16 +34,36 @@ from typing import Any, ClassVar
 
 import torch
 
-from verl_omni.utils.registry import Registry
+from verl_omni.utils.registry import Registry, import_submodules
 
-TRAINING_ADAPTERS: Registry = Registry("training adapter", check=inspect.isclass)
-
-# modules whose import registers the built-in adapters (imported on the first lookup)
-BUILTIN_ADAPTER_MODULES = (
-    "verl_omni.pipelines.qwen_image.training_adapter",
-    "verl_omni.pipelines.bagel.training_adapter",
-)
+# the package whose model subpackages hold the built-in adapters, and the module each one registers in
+PIPELINES_PACKAGE = "verl_omni.pipelines"
+ADAPTER_MODULE = "training_adapter"
+ADAPTER_ENTRY_POINT_GROUP = "verl_omni.model_adapters"
 DEFAULT_ALGORITHM = "flow_grpo"
+
+
+def _import_builtin_adapters() -> None:
+    """Import ``verl_omni.pipelines.<model>.training_adapter`` of every model package (each registers itself)."""
+    import_submodules(PIPELINES_PACKAGE, ADAPTER_MODULE)
+
+
+def _is_adapter_class(obj: object) -> bool:
+    return inspect.isclass(obj) and issubclass(obj, ModelAdapter)
+
+
+TRAINING_ADAPTERS: Registry = Registry(
+    "training adapter",
+    check=_is_adapter_class,
+    discover=_import_builtin_adapters,
+    entry_point_group=ADAPTER_ENTRY_POINT_GROUP,
+    how_to_add=(
+        f"Add a model as a package {PIPELINES_PACKAGE.replace('.', '/')}/<model>/ whose {ADAPTER_MODULE}.py "
+        "decorates a ModelAdapter subclass with @register_training_adapter('<architecture>'), or install a "
+        f"package declaring an entry point in group {ADAPTER_ENTRY_POINT_GROUP!r}: "
+        "'<architecture> = \"<module>:<AdapterClass>\"' (docs/models.md)."
+    ),
+)
 
 
 class ModelAdapter:
@@ -179,9 +205,10 @@ def get_training_adapter(model_path: str | Path, algorithm: str = DEFAULT_ALGORI
     """The adapter registered for the checkpoint at ``model_path``; it must support ``algorithm``.
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
-    for module in BUILTIN_ADAPTER_MODULES:
-        importlib.import_module(module)
-    adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
+    try:
+        adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
+    except ValueError as e:
+        raise ValueError(f"model.path={model_path!s}: {e}") from None
     if algorithm not in adapter.algorithms:
         raise ValueError(
             f"{adapter.__name__} (model.path={model_path!s}) supports algorithms {adapter.algorithms}, not {algorithm!r}"

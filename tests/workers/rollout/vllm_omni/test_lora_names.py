@@ -1,18 +1,14 @@
-"""PEFT/diffusers LoRA names are mapped onto vLLM-Omni's Qwen-Image module names."""
+"""The in-memory LoRA request: it pickles with its tensors and drops them for generation.
+
+Name mapping is the model adapter's (``tests/pipelines/qwen_image/test_qwen_image_names.py``); the loader
+takes rollout names as given (``tests/sanity/test_model_neutral.py``).
+"""
 
 import pickle
 
 import torch
 
-from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, _omni_module_name, in_memory_lora_path
-
-
-def test_diffusers_attention_output_name_maps_to_the_single_omni_layer():
-    name = "base_model.model.transformer_blocks.0.attn.to_out.0.lora_A.weight"
-    assert _omni_module_name(name) == "base_model.model.transformer_blocks.0.attn.to_out.lora_A.weight"
-    assert _omni_module_name("to_out.0") == "to_out"
-    assert _omni_module_name("to_add_out") == "to_add_out"
-    assert _omni_module_name("to_q") == "to_q"
+from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, in_memory_lora_path
 
 
 def test_tensor_request_survives_pickling_and_drops_tensors_for_generation():

@@ -8,6 +8,10 @@ plain ``LoRARequest`` on the way to a multi-stage engine's DiT process), and ``T
 from them. ``binding`` is the probe the server runs after
 every sync: an adapter whose names match no module (or only some of them) would otherwise
 train weights the rollout never uses while it looks healthy.
+
+Names arrive as the rollout pipeline names its modules: the trainer renames them with its model's
+adapter (``ModelAdapter.rollout_name`` and ``rollout_peft_config``, from ``rollout_name_map``), so this
+module knows no model; an adapter still in training names fails the probe, naming the tensors.
 """
 
 from __future__ import annotations
@@ -30,24 +34,14 @@ def in_memory_lora_path(adapter_id: int) -> str:
     return f"{IN_MEMORY_LORA_SCHEME}verl_omni/{adapter_id}"
 
 
-def _omni_module_name(name: str) -> str:
-    """A diffusers/PEFT weight or target-module name as vLLM-Omni's modules are named.
-
-    Adapters pushed by the trainer already carry rollout names (``ModelAdapter.rollout_name``);
-    this accepts diffusers-named Qwen-Image adapters too (the renaming is idempotent).
-    """
-    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
-
-    return QwenImageTrainingAdapter.rollout_name(name)
-
-
 class TensorLoRARequest(LoRARequest):
     """A LoRA request whose adapter is given as tensors.
 
     Args (beyond ``LoRARequest``'s):
         peft_config (`dict`): the adapter's PEFT ``LoraConfig`` as a dict (``r``, ``lora_alpha``,
-            ``target_modules``, ...).
-        lora_tensors (`dict[str, torch.Tensor]`): PEFT-named ``lora_A``/``lora_B`` weights.
+            ``target_modules``, ...), ``target_modules`` named as the rollout's modules.
+        lora_tensors (`dict[str, torch.Tensor]`): PEFT-named ``lora_A``/``lora_B`` weights
+            (``base_model.model.<rollout module name>.lora_A.weight``).
     """
 
     peft_config: dict | None = None
@@ -72,13 +66,10 @@ class TensorLoRAManager(DiffusionLoRAManager):
             return super()._load_adapter(lora_request)
         if not self._expected_lora_modules:
             raise ValueError("No supported LoRA modules found in the diffusion pipeline.")
-        peft_config = dict(lora_request.peft_config or {})
-        if isinstance(peft_config.get("target_modules"), (list, tuple)):
-            peft_config["target_modules"] = [_omni_module_name(m) for m in peft_config["target_modules"]]
-        peft_helper = PEFTHelper.from_dict(peft_config)
+        peft_helper = PEFTHelper.from_dict(dict(lora_request.peft_config or {}))
         lora_model = LoRAModel.from_lora_tensors(
             lora_model_id=lora_request.lora_int_id,
-            tensors={_omni_module_name(name): t for name, t in tensors.items()},
+            tensors=dict(tensors),
             peft_helper=peft_helper,
             device="cpu",
             dtype=self.dtype,
