@@ -101,10 +101,11 @@ def run_flowgrpo(config: DictConfig) -> None:
     value or file fails before the imports that take most of a start-up (``docs/trainer.md``).
     """
     keep_log_level()
-    from verl_omni.trainer.config.preflight import preflight
+    from verl_omni.trainer.config.preflight import check_config, check_resources
 
+    check_config(config)
     resolve_builtin_paths(config)
-    preflight(config)
+    check_resources(config)
     from verl_omni.trainer.config.validation import validate_config
 
     configs = validate_config(config)

@@ -41,9 +41,13 @@ ENDPOINT_TIMEOUT_S = 10.0
 MAX_SAFETENSORS_HEADER = 100_000_000
 
 
-def preflight(config: DictConfig) -> None:
-    """Every check of this module, in order: keys and types, model directory, data files, reward endpoints."""
-    check_keys_and_types(config, OmegaConf.load(DEFAULTS_FILE))
+def check_config(config: DictConfig) -> None:
+    """Keys and scalar types of ``config`` against the composed default tree (before ``builtin://`` paths are built)."""
+    check_keys_and_types(config, load_defaults())
+
+
+def check_resources(config: DictConfig) -> None:
+    """What the run reads: model directory, data files, reward endpoints (``builtin://`` paths resolved)."""
     check_model_dir(str(OmegaConf.select(config, "actor_rollout_ref.model.path")))
     check_data_files(config)
     if OmegaConf.select(config, "reward.diffusion.preflight", default=True):
@@ -51,6 +55,11 @@ def preflight(config: DictConfig) -> None:
 
 
 # ---- keys and types ---------------------------------------------------------------------------
+
+
+def load_defaults() -> DictConfig:
+    """The composed default tree (interpolations unresolved), kept in sync with the YAML tree by a test."""
+    return OmegaConf.load(DEFAULTS_FILE)
 
 
 def check_keys_and_types(config: DictConfig, defaults: DictConfig) -> None:
