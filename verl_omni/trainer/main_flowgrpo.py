@@ -116,7 +116,12 @@ def run_flowgrpo(config: DictConfig) -> None:
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = RayFlowGRPOTrainer(config, configs)
     trainer.init()
-    trainer.fit()
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:
+        # Ctrl-C: what the run did so far, then stop as interrupted
+        trainer.write_summary(interrupted=True)
+        raise
 
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)
