@@ -114,7 +114,7 @@ def check_summary(run, model, steps: int) -> None:
     pipe = namespace["pipe"]
     assert pipe.get_active_adapters(), "no LoRA adapter loaded"
     lora_b = [p for name, p in pipe.transformer.named_parameters() if "lora_B" in name]
-    assert lora_b and sum(float(p.norm()) for p in lora_b) > 0, "the loaded LoRA is not the trained one"
+    assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, "the loaded LoRA is not the trained one"
     assert Image.open(run / CURVE_FILE).size == (640, 400)
 
 

@@ -66,7 +66,7 @@ def test_summary_names_steps_scores_files_and_the_diffusers_lines(run_dir):
     assert (run_dir / SUMMARY_FILE).read_text() == text + "\n"
     lines = text.splitlines()
     assert lines[0] == "Flow-GRPO run finished: 4 of 4 steps in 0:02:05 (wall time)"
-    assert "validation score (val/score/mean): 0.2000 at step 0 -> 0.9000 at step 4" in text
+    assert "validation score (val/score/mean): 0.2 at step 0 -> 0.9 at step 4" in text
     assert f"metrics: {run_dir / 'metrics.jsonl'}" in text
     assert f"image grids: {run_dir / 'images'} (val_step_0.png ... val_step_4.png)" in text
     lora = run_dir / "global_step_2" / "actor" / "lora"

@@ -107,8 +107,8 @@ def summary_text(
     if record.val:
         first, last = min(record.val), max(record.val)
         lines.append(
-            f"  validation score ({VAL_KEY}): {record.val[first]:.4f} at step {first} -> "
-            f"{record.val[last]:.4f} at step {last}"
+            f"  validation score ({VAL_KEY}): {record.val[first]:.6g} at step {first} -> "
+            f"{record.val[last]:.6g} at step {last}"
         )
     lines.append(f"  metrics: {run_dir / 'metrics.jsonl'}")
     lines.append(f"  reward curve: {run_dir / CURVE_FILE}")
@@ -135,6 +135,8 @@ def draw_reward_curve(record: RunRecord, path: Path, size: tuple[int, int] = (64
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     if high - low < 1e-12:
         low, high = low - 0.5, high + 0.5
+    # a margin so that the extreme points are not drawn on the frame
+    low, high = low - 0.05 * (high - low), high + 0.05 * (high - low)
     first, last = (min(steps), max(steps)) if steps else (0, 1)
     span = max(last - first, 1)
 
