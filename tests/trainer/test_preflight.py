@@ -64,8 +64,9 @@ def fails_before_ray(config, match: str) -> str:
 
 BAD_VALUES = [
     # a string for an int names the key (verl's later crash came after step 1)
-    (["trainer.save_freq=abc"], r"trainer.save_freq must be an integer"),
-    (["actor_rollout_ref.actor.ppo_epochs=two"], r"actor_rollout_ref.actor.ppo_epochs must be an integer"),
+    (["trainer.save_freq=abc"], r"trainer.save_freq must be a number \(default 20\), got 'abc'"),
+    (["actor_rollout_ref.actor.ppo_epochs=two"], r"actor_rollout_ref.actor.ppo_epochs must be a number"),
+    (["trainer.save_freq=2.5"], r"trainer.save_freq must be an integer"),
     (["trainer.val_before_train=maybe"], r"trainer.val_before_train must be true or false"),
     (["trainer.save_freq=null"], r"trainer.save_freq must be an integer"),
     (["actor_rollout_ref.actor.optim.lr=-1e-3"], r"optim.lr must be a finite number > 0"),
@@ -97,10 +98,11 @@ def test_unknown_key_lists_the_valid_keys_close_matches_first(compose):
     assert "'default_local_dir'" in valid and "'_target_'" not in valid
 
 
-def test_free_form_nodes_take_new_keys(compose):
-    from verl_omni.trainer.config.preflight import check_keys_and_types, load_defaults
+def test_free_form_nodes_and_float_values_of_int_defaults_pass(compose):
+    from verl_omni.trainer.config.preflight import check_config
 
-    check_keys_and_types(compose("+ray_kwargs.ray_init.object_store_memory=1000000000"), load_defaults())
+    # ray.init keyword arguments pass through; verl's rollout.top_p defaults to 1 but is a float field
+    check_config(compose("+ray_kwargs.ray_init.object_store_memory=1000000000", "actor_rollout_ref.rollout.top_p=0.9"))
 
 
 # ---- model directory --------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def run_entry_point(*overrides: str, cwd: Path) -> tuple[dict, str]:
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ("trainer.save_freq=abc", "trainer.save_freq must be an integer"),
+        ("trainer.save_freq=abc", "trainer.save_freq must be a number"),
         ("data.prompt_key=caption", "has no prompt column 'caption' (data.prompt_key)"),
     ],
 )

@@ -108,9 +108,9 @@ def _check_scalar(value: Any, default: Any, key: str) -> None:
         raise ValueError(f"{key} is a group of keys, got the value {value!r}: set its keys ({key}.<name>=...)")
     if isinstance(default, bool):
         ok, kind = isinstance(value, bool), "true or false"
-    elif isinstance(default, int):
-        ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
-    elif isinstance(default, float):
+    elif isinstance(default, int | float):
+        # an int default does not make the field an int (verl's rollout.top_p: 1 is a float field);
+        # whether a number must be whole is the dataclass' check
         ok, kind = isinstance(value, int | float) and not isinstance(value, bool), "a number"
     else:
         return
