@@ -98,8 +98,29 @@ def resumed(two, two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_
     return out, records
 
 
-def test_one_replica_one_rank_trains_logs_and_syncs(one):
+def check_summary(run, model, steps: int) -> None:
+    """The summary's diffusers lines, executed as printed, load the run's final (trained) LoRA; the curve is a PNG."""
+    from PIL import Image
+
+    from verl_omni.trainer.flowgrpo.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
+
+    lines = (run / SUMMARY_FILE).read_text().splitlines()
+    assert lines[0].startswith(f"Flow-GRPO run finished: {steps} of {steps} steps")
+    code = "\n".join(line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :])
+    print(code)
+    assert f"from_pretrained({str(model)!r})" in code and f"global_step_{steps}" in code
+    namespace = {}
+    exec(code, namespace)
+    pipe = namespace["pipe"]
+    assert pipe.get_active_adapters(), "no LoRA adapter loaded"
+    lora_b = [p for name, p in pipe.transformer.named_parameters() if "lora_B" in name]
+    assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, "the loaded LoRA is not the trained one"
+    assert Image.open(run / CURVE_FILE).size == (640, 400)
+
+
+def test_one_replica_one_rank_trains_logs_and_syncs(one, tiny_qwen_image_path):
     run, records = one
+    check_summary(run, tiny_qwen_image_path, 2)
     check_run(
         run,
         records,

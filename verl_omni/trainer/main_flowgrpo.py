@@ -1,8 +1,9 @@
 """Flow-GRPO entry point: ``python -m verl_omni.trainer.main_flowgrpo [key=value ...]``.
 
 Composes ``verl_omni/trainer/config/flowgrpo_trainer.yaml`` with Hydra, builds the ``builtin://``
-paths (the tiny random Qwen-Image and the built-in prompts) once, validates every config node
-before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_init.address``) and runs
+paths (the tiny random Qwen-Image and the built-in prompts) once, runs the preflight (keys,
+types, model files, data files, reward endpoints: seconds, no engine imported) and validates
+every config node before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_init.address``) and runs
 :class:`RayFlowGRPOTrainer` in this process. With no overrides it is the built-in CPU run
 (``docs/trainer.md``).
 """
@@ -15,6 +16,11 @@ from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_omni.utils.config import register_resolvers
+
+# the YAML tree's hydra.searchpath names verl's config directory through a resolver (no verl import)
+register_resolvers()
 
 logger = logging.getLogger(__name__)
 
@@ -89,19 +95,33 @@ def keep_log_level() -> None:
 
 
 def run_flowgrpo(config: DictConfig) -> None:
-    """Resolve, validate, start Ray, train."""
+    """Resolve, preflight (seconds, no engine imported), validate, start Ray, train.
+
+    The trainer, verl's worker stack and vLLM are imported only after the config passed: a bad
+    value or file fails before the imports that take most of a start-up (``docs/trainer.md``).
+    """
     keep_log_level()
+    from verl_omni.trainer.config.preflight import check_config, check_resources
+
+    check_config(config)
+    resolve_builtin_paths(config)
+    check_resources(config)
+    from verl_omni.trainer.config.validation import validate_config
+
+    configs = validate_config(config)
     import torch
 
-    from verl_omni.trainer.config.validation import validate_config
     from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
 
-    resolve_builtin_paths(config)
-    configs = validate_config(config)
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = RayFlowGRPOTrainer(config, configs)
     trainer.init()
-    trainer.fit()
+    try:
+        trainer.fit()
+    except KeyboardInterrupt:
+        # Ctrl-C: what the run did so far, then stop as interrupted
+        trainer.write_summary(interrupted=True)
+        raise
 
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)

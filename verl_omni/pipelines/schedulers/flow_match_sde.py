@@ -28,6 +28,11 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
 SDE_TYPES = ("sde", "cps")
+# the largest meaningful noise level a of each type. ``sde``: on the first step (σ = 1, σ_1 in the
+# denominator) the mean's coefficient of x is 1 − a²/2, negative above a = sqrt(2) (the mean flips
+# the latent's sign and the step's std, ~a, dwarfs the unit-variance latent). ``cps``: s = σ'·sin(aπ/2)
+# grows up to a = 1 (the whole σ' is noise); above 1 it shrinks again (a and 2 − a are the same kernel).
+MAX_NOISE_LEVEL = {"sde": math.sqrt(2.0), "cps": 1.0}
 
 
 class SDEStepOutput(NamedTuple):

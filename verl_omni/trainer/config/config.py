@@ -101,6 +101,10 @@ class FlowGRPOTrainerConfig(BaseConfig):
         unknown = [b for b in backends if b not in LOGGER_BACKENDS]
         if unknown:
             raise ValueError(f"trainer.logger has unknown backend(s) {unknown}; available: {list(LOGGER_BACKENDS)}")
+        for key in ("save_freq", "test_freq"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"trainer.{key} must be an integer (<= 0: never), got {value!r}")
         for key in ("nnodes", "n_gpus_per_node", "total_epochs", "val_grid_images"):
             if getattr(self, key) < 1:
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")

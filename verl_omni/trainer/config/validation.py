@@ -1,16 +1,16 @@
 """Every config node of ``main_flowgrpo`` as its dataclass, plus the cross-node rules, checked before Ray starts.
 
 A bad value fails here, in the driver, with the dotted key in the message, instead of minutes
-later inside a Ray worker. ``builtin://`` paths must be resolved first (``main_flowgrpo``).
+later inside a Ray worker. ``builtin://`` paths must be resolved first (``main_flowgrpo``). The files
+and endpoints a run reads are checked by the preflight (``preflight.py``), which runs before this.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
 from verl_omni.trainer.config.config import FlowGRPOAlgoConfig, FlowGRPOTrainerConfig
@@ -51,17 +51,6 @@ def _node(config: DictConfig, key: str, dataclass_type: type | None = None):
     except Exception as e:  # hydra wraps the dataclass' ValueError in InstantiationException
         cause = e.__cause__ if e.__cause__ is not None and "Error in call to target" in str(e) else e
         raise ValueError(f"{key}: {cause}") from e
-
-
-def _data_files(config: DictConfig, key: str) -> list[str]:
-    files = OmegaConf.select(config, key)
-    files = list(files) if isinstance(files, ListConfig | list | tuple) else [files]
-    if not files or any(f is None for f in files):
-        raise ValueError(f"{key} must name parquet files")
-    for f in files:
-        if not Path(str(f)).expanduser().is_file():
-            raise ValueError(f"{key}: {f} does not exist (examples/data_process/ writes prompt sets)")
-    return [str(f) for f in files]
 
 
 def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
@@ -154,7 +143,4 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_batches(config, configs)
     _check_phases(configs)
     _check_model(configs)
-    _data_files(config, "data.train_files")
-    if configs.trainer.val_before_train or configs.trainer.test_freq > 0:
-        _data_files(config, "data.val_files")
     return configs

@@ -80,6 +80,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.local_dir = Path(configs.trainer.default_local_dir).expanduser().absolute()
         self.global_steps = 0
+        # the summary's wall time counts from here: worker start-up is part of a run's time
+        self.started = time.monotonic()
 
     # ---- setup -----------------------------------------------------------------------------
 
@@ -422,6 +424,21 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
     def on_train_end(self):
         self.tracker.finish()
+        self.write_summary(interrupted=False)
+
+    def write_summary(self, interrupted: bool) -> None:
+        """``summary.txt`` and ``reward_curve.png`` next to ``metrics.jsonl`` (``flowgrpo/summary.py``)."""
+        from verl_omni.trainer.flowgrpo.summary import write_summary
+
+        model = self.configs.model
+        write_summary(
+            self.local_dir,
+            getattr(self, "total_training_steps", 0),
+            time.monotonic() - self.started,
+            model.path,
+            model.adapter.lora_file_pipeline,
+            interrupted=interrupted,
+        )
 
     def _call_servers(self, method: str) -> None:
         ray.get([getattr(server, method).remote() for server in self.llm_server_manager.server_handles])

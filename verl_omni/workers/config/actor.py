@@ -6,6 +6,7 @@ and ``CheckpointConfig``, nested under ``engine``, ``optim`` and ``checkpoint`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from verl.base_config import BaseConfig
@@ -58,10 +59,25 @@ class DiffusionActorConfig(BaseConfig):
             raise ValueError(f"actor.clip_ratio must be > 0, got {self.clip_ratio}")
         if self.kl_beta < 0:
             raise ValueError(f"actor.kl_beta must be >= 0, got {self.kl_beta}")
+        self._check_optim()
         if self.engine.strategy != "fsdp2":
             raise ValueError(
                 f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}"
             )
+
+    def _check_optim(self) -> None:
+        """verl's optimizer config checks none of these; a bad one shows only as a NaN loss or a crash after step 1."""
+        optim = self.optim
+        if not isinstance(optim.lr, int | float) or not math.isfinite(optim.lr) or optim.lr <= 0:
+            raise ValueError(f"actor.optim.lr must be a finite number > 0, got {optim.lr!r}")
+        if not 0 <= optim.weight_decay < 1:
+            raise ValueError(f"actor.optim.weight_decay must be in [0, 1), got {optim.weight_decay!r}")
+        if not 0 <= optim.lr_warmup_steps_ratio <= 1:
+            raise ValueError(
+                f"actor.optim.lr_warmup_steps_ratio must be in [0, 1], got {optim.lr_warmup_steps_ratio!r}"
+            )
+        if optim.clip_grad is not None and not optim.clip_grad > 0:
+            raise ValueError(f"actor.optim.clip_grad must be > 0, got {optim.clip_grad!r}")
 
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size."""

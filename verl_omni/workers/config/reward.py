@@ -63,6 +63,8 @@ class DiffusionRewardConfig(BaseConfig):
 
     Args:
         scorers (list[ScorerConfig]): the weighted scorers, at least one.
+        preflight (bool): before Ray starts, check that every scorer's ``params.url`` answers
+            (``verl_omni/trainer/config/preflight.py``); False skips it (a service started later). Default True.
         num_workers (int): reward loop workers (Ray actors). Default 1.
         async_reward (bool): score each sample as soon as the rollout finishes it (the agent loop
             calls the workers), overlapping rollout; False scores the batch after rollout. Default False.
@@ -76,6 +78,7 @@ class DiffusionRewardConfig(BaseConfig):
     """
 
     scorers: list = field(default_factory=list)
+    preflight: bool = True
     num_workers: int = 1
     async_reward: bool = False
     num_cpus_per_worker: float = 1.0

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.workers.config import RolloutConfig
 from verl.workers.config.rollout import AgentLoopConfig
 
-from verl_omni.pipelines.schedulers.flow_match_sde import SDE_TYPES
+from verl_omni.pipelines.schedulers.flow_match_sde import MAX_NOISE_LEVEL, SDE_TYPES
 from verl_omni.workers.rollout.routing import RolloutServerRoutingConfig
 
 KEY = "actor_rollout_ref.rollout"
@@ -39,8 +39,10 @@ class DiffusionRolloutConfig(RolloutConfig):
         true_cfg_scale (float): true-CFG scale; > 1 sends ``negative_prompt`` and records its
             embeddings, <= 1 disables CFG. Default 4.0.
         negative_prompt (str): the negative prompt when a row has none (``non_tensor_batch["negative_prompt"]``).
-        noise_level (float): SDE noise level a > 0 inside the window (training). Default 0.7.
-        val_noise_level (float): noise level in validation; 0 samples the deterministic ODE. Default 0.0.
+        noise_level (float): SDE noise level a inside the window (training), in (0, sqrt(2)] for ``sde``
+            and (0, 1] for ``cps`` (``flow_match_sde.MAX_NOISE_LEVEL`` says why). Default 0.7.
+        val_noise_level (float): noise level in validation, in the same range; 0 samples the deterministic
+            ODE. Default 0.0.
         sde_type (str): ``"sde"`` or ``"cps"``. Default ``"sde"``.
         sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
         sde_window_range (list[int] | None): ``[r0, r1]``, the steps the window may cover; None is ``[0, T]``.
@@ -90,6 +92,11 @@ class DiffusionRolloutConfig(RolloutConfig):
             raise ValueError(f"{KEY}.model_kwargs must be a mapping, got {type(self.model_kwargs).__name__}")
         self._check_image()
         self._check_sde()
+        if self.agent.num_workers < 1:
+            raise ValueError(
+                f"{KEY}.agent.num_workers must be >= 1 (agent-loop workers drive the requests), got "
+                f"{self.agent.num_workers}"
+            )
         if self.n < 1:
             raise ValueError(f"{KEY}.n must be >= 1, got {self.n}")
         if self.val_kwargs.n < 1:
@@ -108,12 +115,17 @@ class DiffusionRolloutConfig(RolloutConfig):
     def _check_sde(self) -> None:
         if self.sde_type not in SDE_TYPES:
             raise ValueError(f"{KEY}.sde_type must be one of {SDE_TYPES}, got {self.sde_type!r}")
-        if not self.noise_level > 0:
+        top = MAX_NOISE_LEVEL[self.sde_type]
+        if not 0 < self.noise_level <= top:
             raise ValueError(
-                f"{KEY}.noise_level must be > 0 (the trained steps are stochastic), got {self.noise_level}"
+                f"{KEY}.noise_level must be in (0, {top:.4g}] for sde_type={self.sde_type!r} (> 0: the trained steps "
+                f"are stochastic; the bound: flow_match_sde.MAX_NOISE_LEVEL), got {self.noise_level}"
             )
-        if self.val_noise_level < 0:
-            raise ValueError(f"{KEY}.val_noise_level must be >= 0 (0 = ODE), got {self.val_noise_level}")
+        if not 0 <= self.val_noise_level <= top:
+            raise ValueError(
+                f"{KEY}.val_noise_level must be in [0, {top:.4g}] (0 = ODE) for sde_type={self.sde_type!r}, "
+                f"got {self.val_noise_level}"
+            )
         steps = self.num_inference_steps
         if not 1 <= self.sde_window_size <= steps:
             raise ValueError(

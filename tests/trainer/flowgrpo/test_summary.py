@@ -1,0 +1,108 @@
+"""The run summary and reward curve, built from a run directory whose ``metrics.jsonl`` verl's own file backend wrote.
+
+That the printed diffusers lines load the LoRA is checked on a real run's checkpoint in
+``tests/trainer/test_flowgrpo_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from verl_omni.trainer.flowgrpo.summary import (
+    CURVE_FILE,
+    DIFFUSERS_HEADER,
+    SUMMARY_FILE,
+    draw_reward_curve,
+    read_run,
+    write_summary,
+)
+
+TRAIN = {1: 0.1, 2: 0.3, 3: 0.5, 4: 0.7}
+VAL = {0: 0.2, 2: 0.4, 4: 0.9}
+BLUE, ORANGE = (31, 119, 180), (255, 127, 14)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, monkeypatch_module):
+    """A run directory as a 4-step run leaves it: metrics by verl's ``Tracking``, grids, two checkpoints."""
+    from verl.utils.tracking import Tracking
+
+    run = tmp_path_factory.mktemp("run")
+    monkeypatch_module.setenv("VERL_FILE_LOGGER_PATH", str(run / "metrics.jsonl"))
+    tracker = Tracking(project_name="p", experiment_name="e", default_backend=["file"])
+    for step in range(5):
+        data = {"timing_s/step": 1.0}
+        if step in TRAIN:
+            data["critic/score/mean"] = TRAIN[step]
+        if step in VAL:
+            data["val/score/mean"] = VAL[step]
+        tracker.log(data=data, step=step)
+    tracker.finish()
+    for step in VAL:
+        (run / "images").mkdir(exist_ok=True)
+        Image.new("RGB", (8, 8)).save(run / "images" / f"val_step_{step}.png")
+    (run / "global_step_2" / "actor" / "lora").mkdir(parents=True)
+    (run / "global_step_2" / "actor" / "lora" / "pytorch_lora_weights.safetensors").write_bytes(b"")
+    # a later checkpoint without its LoRA file (an interrupted save) is not the final LoRA
+    (run / "global_step_4" / "actor").mkdir(parents=True)
+    return run
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_reads_training_and_validation_scores_by_step(run_dir):
+    record = read_run(run_dir / "metrics.jsonl")
+    assert record.train == TRAIN and record.val == VAL and record.steps_done == 4
+
+
+def test_summary_names_steps_scores_files_and_the_diffusers_lines(run_dir):
+    text = write_summary(run_dir, 4, 125.4, "/models/qwen", "QwenImagePipeline", interrupted=False)
+    assert (run_dir / SUMMARY_FILE).read_text() == text + "\n"
+    lines = text.splitlines()
+    assert lines[0] == "Flow-GRPO run finished: 4 of 4 steps in 0:02:05 (wall time)"
+    assert "validation score (val/score/mean): 0.2 at step 0 -> 0.9 at step 4" in text
+    assert f"metrics: {run_dir / 'metrics.jsonl'}" in text
+    assert f"image grids: {run_dir / 'images'} (val_step_0.png ... val_step_4.png)" in text
+    lora = run_dir / "global_step_2" / "actor" / "lora"
+    assert f"final LoRA: {lora}" in text
+    code = [line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :]]
+    assert code == [
+        "from diffusers import QwenImagePipeline",
+        "pipe = QwenImagePipeline.from_pretrained('/models/qwen')",
+        f"pipe.load_lora_weights({str(lora)!r})",
+    ]
+
+
+def test_interrupted_run_and_a_model_without_a_diffusers_pipeline(tmp_path, run_dir):
+    text = write_summary(run_dir, 10, 3.0, "/models/bagel", None, interrupted=True)
+    assert text.startswith("Flow-GRPO run interrupted after step 4: 4 of 10 steps")
+    assert DIFFUSERS_HEADER not in text
+    empty = write_summary(tmp_path, 10, 3.0, "/m", "QwenImagePipeline", interrupted=True)
+    assert "0 of 10 steps" in empty and "final LoRA: none saved" in empty and DIFFUSERS_HEADER not in empty
+    assert (tmp_path / CURVE_FILE).is_file()
+
+
+def _pixels(image: np.ndarray, color) -> np.ndarray:
+    """``(y, x)`` of the pixels of ``color``."""
+    return np.argwhere((image == np.array(color)).all(axis=-1))
+
+
+def test_reward_curve_draws_both_series_rising(run_dir, tmp_path):
+    path = draw_reward_curve(read_run(run_dir / "metrics.jsonl"), tmp_path / CURVE_FILE)
+    image = np.asarray(Image.open(path).convert("RGB"))
+    assert image.shape == (400, 640, 3)
+    for color in (BLUE, ORANGE):
+        pixels = _pixels(image, color)
+        assert len(pixels) > 50, f"no curve drawn in {color}"
+        left = pixels[pixels[:, 1] < np.percentile(pixels[:, 1], 20)]
+        right = pixels[pixels[:, 1] > np.percentile(pixels[:, 1], 80)]
+        # both scores rise over the steps: image rows grow downwards
+        assert left[:, 0].mean() > right[:, 0].mean()
+    # training starts at step 1, validation at step 0: the orange curve starts further left
+    assert _pixels(image, ORANGE)[:, 1].min() < _pixels(image, BLUE)[:, 1].min()

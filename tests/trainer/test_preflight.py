@@ -1,0 +1,320 @@
+"""Preflight of ``main_flowgrpo``: each bad key, file or endpoint fails before verl, the engines or Ray are imported.
+
+Every case runs ``run_flowgrpo`` on the composed config (or the entry point in a fresh interpreter,
+for the end-to-end cases) and expects a ``ValueError`` naming the key or file. The endpoint cases
+use a real local HTTP server, up and then down.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_MODULES = ("ray", "vllm", "vllm_omni", "verl", "torch")
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
+
+    return ensure_tiny_prompts(tmp_path_factory.mktemp("prompts"))
+
+
+def base_overrides(model, prompts, run_dir) -> list[str]:
+    train, val = prompts
+    return [
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+@pytest.fixture
+def compose(tiny_qwen_image_path, prompts, tmp_path):
+    from verl_omni.utils.config import compose_config
+
+    def build(*overrides: str, model=tiny_qwen_image_path):
+        return compose_config("flowgrpo_trainer", base_overrides(model, prompts, tmp_path / "run") + list(overrides))
+
+    return build
+
+
+def fails_before_ray(config, match: str) -> str:
+    """``run_flowgrpo(config)`` raises a ``ValueError`` matching ``match`` and Ray was not started."""
+    from verl_omni.trainer.main_flowgrpo import run_flowgrpo
+
+    with pytest.raises(ValueError, match=match) as error:
+        run_flowgrpo(config)
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    return str(error.value)
+
+
+# ---- keys, types and ranges -------------------------------------------------------------------
+
+BAD_VALUES = [
+    # a string for an int names the key (verl's later crash came after step 1)
+    (["trainer.save_freq=abc"], r"trainer.save_freq must be a number \(default 20\), got 'abc'"),
+    (["actor_rollout_ref.actor.ppo_epochs=two"], r"actor_rollout_ref.actor.ppo_epochs must be a number"),
+    (["trainer.save_freq=2.5"], r"trainer.save_freq must be an integer"),
+    (["trainer.val_before_train=maybe"], r"trainer.val_before_train must be true or false"),
+    (["trainer.save_freq=null"], r"trainer.save_freq must be an integer"),
+    (["actor_rollout_ref.actor.optim.lr=-1e-3"], r"optim.lr must be a finite number > 0"),
+    (["actor_rollout_ref.actor.optim.lr=nan"], r"actor_rollout_ref.actor.optim.lr=nan"),
+    (["actor_rollout_ref.actor.optim.lr=inf"], r"optim.lr must be a finite number > 0"),
+    (["actor_rollout_ref.actor.optim.weight_decay=-0.1"], r"optim.weight_decay"),
+    (["actor_rollout_ref.rollout.agent.num_workers=0"], r"actor_rollout_ref.rollout.agent.num_workers must be >= 1"),
+    (["actor_rollout_ref.rollout.noise_level=1000"], r"actor_rollout_ref.rollout.noise_level must be in \(0, 1.414\]"),
+    (
+        ["actor_rollout_ref.rollout.sde_type=cps", "actor_rollout_ref.rollout.noise_level=1.2"],
+        r"noise_level must be in \(0, 1\] for sde_type='cps'",
+    ),
+    (["actor_rollout_ref.rollout.val_noise_level=5"], r"actor_rollout_ref.rollout.val_noise_level"),
+    (["+trainer.save_frequency=5"], r"trainer.save_frequency is not a config key \(did you mean 'save_freq'\?\)"),
+    (["+actor_rollout_ref.rollout.noise_levle=0.5"], r"did you mean 'noise_level'"),
+    (["trainer=3"], r"trainer is a group of keys"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "match"), BAD_VALUES, ids=[" ".join(o[0]) for o in BAD_VALUES])
+def test_bad_value_fails_before_ray_naming_the_key(compose, overrides, match):
+    fails_before_ray(compose(*overrides), match)
+
+
+def test_unknown_key_lists_the_valid_keys_close_matches_first(compose):
+    message = fails_before_ray(compose("+trainer.test_frq=2"), "trainer.test_frq")
+    valid = message.split("valid keys here: ")[1]
+    assert valid.startswith("['test_freq'")
+    assert "'default_local_dir'" in valid and "'_target_'" not in valid
+
+
+def test_free_form_nodes_and_float_values_of_int_defaults_pass(compose):
+    from verl_omni.trainer.config.preflight import check_config
+
+    # ray.init keyword arguments pass through; verl's rollout.top_p defaults to 1 but is a float field
+    check_config(compose("+ray_kwargs.ray_init.object_store_memory=1000000000", "actor_rollout_ref.rollout.top_p=0.9"))
+
+
+# ---- model directory --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def model_copy(tiny_qwen_image_path, tmp_path):
+    return Path(shutil.copytree(tiny_qwen_image_path, tmp_path / "model"))
+
+
+def _truncate_header(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + data[8:40])
+
+
+def _bad_length(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[:8] = (10**12).to_bytes(8, "little")
+    path.write_bytes(bytes(data))
+
+
+def _truncate_data(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 64])
+
+
+@pytest.mark.parametrize("damage", [_truncate_header, _bad_length, _truncate_data], ids=lambda f: f.__name__)
+def test_corrupt_safetensors_names_the_file(compose, model_copy, damage):
+    weights = model_copy / "transformer" / "diffusion_pytorch_model.safetensors"
+    damage(weights)
+    fails_before_ray(compose(model=model_copy), f"{weights} is not a readable safetensors file")
+
+
+def test_unreadable_component_config_names_the_file(compose, model_copy):
+    (model_copy / "vae" / "config.json").write_text("{not json")
+    fails_before_ray(compose(model=model_copy), f"{model_copy / 'vae' / 'config.json'} is not readable JSON")
+
+
+def test_missing_component_names_it(compose, model_copy):
+    shutil.rmtree(model_copy / "vae")
+    fails_before_ray(compose(model=model_copy), "lists the component 'vae'")
+
+
+def test_directory_without_index_names_the_key(compose, tmp_path):
+    (tmp_path / "empty").mkdir()
+    fails_before_ray(compose(model=tmp_path / "empty"), "actor_rollout_ref.model.path=.* has neither model_index.json")
+
+
+# ---- data files -------------------------------------------------------------------------------
+
+
+def _write(path: Path, frame) -> Path:
+    frame.to_parquet(path)
+    return path
+
+
+def test_empty_parquet_names_the_file(compose, tmp_path):
+    import pandas as pd
+
+    empty = _write(tmp_path / "empty.parquet", pd.DataFrame({"prompt": pd.Series([], dtype=object)}))
+    fails_before_ray(compose(f"data.train_files={empty}"), f"data.train_files: {empty} has no rows")
+
+
+def test_parquet_without_the_prompt_column_names_key_file_and_columns(compose, tmp_path):
+    import pandas as pd
+
+    wrong = _write(tmp_path / "text.parquet", pd.DataFrame({"text": ["a red cat"] * 8}))
+    message = fails_before_ray(compose(f"data.val_files={wrong}"), f"data.val_files: {wrong} has no prompt column")
+    assert "'prompt' (data.prompt_key)" in message and "['text']" in message
+    # the same file passes once data.prompt_key names its column
+    from verl_omni.trainer.config.preflight import check_data_files
+
+    check_data_files(compose(f"data.val_files={wrong}", f"data.train_files={wrong}", "data.prompt_key=text"))
+
+
+def test_file_that_is_not_parquet_names_it(compose, tmp_path):
+    text = tmp_path / "prompts.parquet"
+    text.write_text("a red cat\n")
+    fails_before_ray(compose(f"data.train_files={text}"), f"data.train_files: {text} is not a readable parquet file")
+
+
+def test_fewer_prompts_than_a_batch_is_refused(compose):
+    fails_before_ray(compose("data.train_batch_size=1000"), "fewer than data.train_batch_size=1000")
+
+
+# ---- reward endpoints -------------------------------------------------------------------------
+
+
+class _Scorer(http.server.BaseHTTPRequestHandler):
+    """Answers POST with one score per image (the ``http`` scorer's schema); GET gets 405, as many services do."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self._answer(200, {"scores": [0.5] * len(body["images"])})
+
+    def do_GET(self):
+        self._answer(405, {"detail": "Method Not Allowed"})
+
+    def _answer(self, status, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def scoring_server():
+    """``(url, stop)``: a real HTTP scoring service on a free local port; ``stop()`` takes it down."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scorer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop():
+        server.shutdown()
+        server.server_close()
+
+    yield f"http://127.0.0.1:{server.server_address[1]}/score", stop
+    if thread.is_alive():
+        stop()
+
+
+def _with_http_scorer(config, url: str):
+    config.reward.diffusion.scorers = [{"type": "brightness"}, {"type": "http", "params": {"url": url}}]
+    return config
+
+
+def test_reward_endpoint_that_answers_passes_and_one_that_is_down_names_key_and_url(compose, scoring_server):
+    from verl_omni.trainer.config.preflight import check_reward_endpoints
+
+    url, stop = scoring_server
+    check_reward_endpoints(_with_http_scorer(compose(), url))
+    stop()
+    message = fails_before_ray(_with_http_scorer(compose(), url), r"reward.diffusion.scorers\[1\].params.url")
+    assert url in message and "reward.diffusion.preflight=false" in message
+
+
+def test_reward_preflight_false_skips_the_endpoint_check(compose):
+    from verl_omni.trainer.config.preflight import check_resources
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}/score"
+    check_resources(_with_http_scorer(compose("reward.diffusion.preflight=false"), closed))
+
+
+# ---- end to end: the entry point in a fresh interpreter ---------------------------------------
+
+# runs the entry point as ``python -m`` would, then reports which heavy modules it had imported
+ENTRY = f"""
+import json, runpy, sys
+ENGINE_MODULES = {ENGINE_MODULES!r}
+sys.argv = ["main_flowgrpo", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("verl_omni.trainer.main_flowgrpo", run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as e:
+    code = e.code
+print(json.dumps({{"code": code, "imported": [m for m in ENGINE_MODULES if m in sys.modules]}}))
+"""
+
+
+def run_entry_point(*overrides: str, cwd: Path) -> tuple[dict, str]:
+    proc = subprocess.run(
+        [sys.executable, "-c", ENTRY, json.dumps(list(overrides))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("trainer.save_freq=abc", "trainer.save_freq must be a number"),
+        ("data.prompt_key=caption", "has no prompt column 'caption' (data.prompt_key)"),
+    ],
+)
+def test_entry_point_fails_without_importing_verl_torch_or_ray(
+    tiny_qwen_image_path, prompts, tmp_path, override, match
+):
+    result, stderr = run_entry_point(
+        *base_overrides(tiny_qwen_image_path, prompts, tmp_path / "run"), override, cwd=tmp_path
+    )
+    assert result["code"] == 1
+    assert match in stderr
+    assert result["imported"] == [], f"the preflight imported {result['imported']}"
+
+
+def test_validation_imports_no_engine(tiny_qwen_image_path, prompts, tmp_path, fresh_python):
+    """The dataclass validation after the preflight imports verl (and with it Ray's module) but no vLLM stack."""
+    code = f"""
+import json, sys
+from verl_omni.utils.config import compose_config
+from verl_omni.trainer.config.preflight import check_config, check_resources
+config = compose_config("flowgrpo_trainer", {base_overrides(tiny_qwen_image_path, prompts, tmp_path / "run")!r})
+check_config(config)
+check_resources(config)
+after_preflight = [m for m in {ENGINE_MODULES!r} if m in sys.modules]
+from verl_omni.trainer.config.validation import validate_config
+validate_config(config)
+import ray
+print(json.dumps([after_preflight, [m for m in ("vllm", "vllm_omni") if m in sys.modules], ray.is_initialized()]))
+"""
+    after_preflight, engines, ray_started = json.loads(fresh_python(code).strip().splitlines()[-1])
+    assert after_preflight == []
+    assert engines == []
+    assert not ray_started

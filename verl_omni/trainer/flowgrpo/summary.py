@@ -1,0 +1,174 @@
+"""The end of a run: a summary and a reward curve, both built from the run directory alone.
+
+At the end of ``fit`` (and on Ctrl-C) the trainer calls :func:`write_summary`. It reads
+``metrics.jsonl`` (one ``{"step": N, "data": {...}}`` line per step, verl's file backend), the
+image grids under ``images/`` and the checkpoints ``global_step_<N>/actor/lora``, and writes next
+to ``metrics.jsonl``:
+
+* ``reward_curve.png``: training ``critic/score/mean`` and validation ``val/score/mean`` per step
+  (drawn with PIL: matplotlib is not a dependency);
+* ``summary.txt``: steps done, wall time, validation score first → last, where the metrics, grids
+  and final LoRA are, and the lines that load that LoRA in diffusers (the model adapter's
+  ``lora_file_pipeline``). The same text is logged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from verl_omni.workers.engine.fsdp.checkpoint import LORA_DIR, LORA_WEIGHT_NAME
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+TRAIN_KEY = "critic/score/mean"
+VAL_KEY = "val/score/mean"
+CURVE_FILE = "reward_curve.png"
+SUMMARY_FILE = "summary.txt"
+# the LoRA under global_step_<N>: verl's trainer saves the actor in actor/, the engine its LoRA in LORA_DIR
+LORA_SUBDIR = Path("actor") / LORA_DIR
+# the header line above the code that loads the LoRA (tests find the code by it)
+DIFFUSERS_HEADER = "load the final LoRA in diffusers:"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ``metrics.jsonl`` says about a run: per-step training and validation scores."""
+
+    train: dict[int, float]
+    val: dict[int, float]
+
+    @property
+    def steps_done(self) -> int:
+        return max(self.train, default=0)
+
+
+def read_run(metrics_file: Path) -> RunRecord:
+    """Training and validation mean scores by step (a missing file or step reads as none)."""
+    train, val = {}, {}
+    if metrics_file.is_file():
+        for line in metrics_file.read_text().splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            data = record.get("data", {})
+            if TRAIN_KEY in data:
+                train[int(record["step"])] = float(data[TRAIN_KEY])
+            if VAL_KEY in data:
+                val[int(record["step"])] = float(data[VAL_KEY])
+    return RunRecord(train=train, val=val)
+
+
+def final_lora(run_dir: Path) -> Path | None:
+    """The LoRA directory of the newest complete ``global_step_<N>`` (one holding the LoRA file)."""
+    steps = []
+    for path in run_dir.glob("global_step_*"):
+        match = re.fullmatch(r"global_step_(\d+)", path.name)
+        if match and (path / LORA_SUBDIR / LORA_WEIGHT_NAME).is_file():
+            steps.append((int(match.group(1)), path / LORA_SUBDIR))
+    return max(steps)[1] if steps else None
+
+
+def diffusers_lines(pipeline: str | None, model_path: str, lora: Path | None) -> list[str]:
+    """Python that loads ``lora`` onto the base model with ``pipeline`` (none when either is missing)."""
+    if pipeline is None or lora is None:
+        return []
+    return [
+        f"from diffusers import {pipeline}",
+        f"pipe = {pipeline}.from_pretrained({str(model_path)!r})",
+        f"pipe.load_lora_weights({str(lora)!r})",
+    ]
+
+
+def summary_text(
+    run_dir: Path,
+    record: RunRecord,
+    total_steps: int,
+    wall_s: float,
+    model_path: str,
+    pipeline: str | None,
+    *,
+    interrupted: bool,
+) -> str:
+    """The summary's lines (see the module docstring)."""
+    state = f"interrupted after step {record.steps_done}" if interrupted else "finished"
+    lines = [
+        f"Flow-GRPO run {state}: {record.steps_done} of {total_steps} steps in "
+        f"{datetime.timedelta(seconds=round(wall_s))} (wall time)"
+    ]
+    if record.val:
+        first, last = min(record.val), max(record.val)
+        lines.append(
+            f"  validation score ({VAL_KEY}): {record.val[first]:.6g} at step {first} -> "
+            f"{record.val[last]:.6g} at step {last}"
+        )
+    lines.append(f"  metrics: {run_dir / 'metrics.jsonl'}")
+    lines.append(f"  reward curve: {run_dir / CURVE_FILE}")
+    grids = sorted((run_dir / "images").glob("val_step_*.png"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
+    if grids:
+        lines.append(f"  image grids: {run_dir / 'images'} ({grids[0].name} ... {grids[-1].name})")
+    lora = final_lora(run_dir)
+    lines.append(f"  final LoRA: {lora}" if lora else "  final LoRA: none saved (trainer.save_freq <= 0?)")
+    code = diffusers_lines(pipeline, model_path, lora)
+    if code:
+        lines.append(f"  {DIFFUSERS_HEADER}")
+        lines.extend(f"    {line}" for line in code)
+    return "\n".join(lines)
+
+
+def draw_reward_curve(record: RunRecord, path: Path, size: tuple[int, int] = (640, 400)) -> Path:
+    """A PNG of the training (blue) and validation (orange) mean score per step, with axis labels."""
+    width, height = size
+    left, right, top, bottom = 60, 20, 30, 40
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    values = list(record.train.values()) + list(record.val.values())
+    steps = list(record.train) + list(record.val)
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    if high - low < 1e-12:
+        low, high = low - 0.5, high + 0.5
+    # a margin so that the extreme points are not drawn on the frame
+    low, high = low - 0.05 * (high - low), high + 0.05 * (high - low)
+    first, last = (min(steps), max(steps)) if steps else (0, 1)
+    span = max(last - first, 1)
+
+    def xy(step: int, value: float) -> tuple[float, float]:
+        x = left + (step - first) / span * (width - left - right)
+        y = top + (high - value) / (high - low) * (height - top - bottom)
+        return x, y
+
+    draw.rectangle([left, top, width - right, height - bottom], outline="black")
+    draw.text((left, 8), f"blue: train {TRAIN_KEY}   orange: {VAL_KEY}", fill="black")
+    draw.text((4, top), f"{high:.3g}", fill="black")
+    draw.text((4, height - bottom - 10), f"{low:.3g}", fill="black")
+    draw.text((left, height - bottom + 6), f"step {first}", fill="black")
+    draw.text((width - right - 60, height - bottom + 6), f"step {last}", fill="black")
+    for series, color in ((record.train, (31, 119, 180)), (record.val, (255, 127, 14))):
+        points = [xy(s, series[s]) for s in sorted(series)]
+        if len(points) > 1:
+            draw.line(points, fill=color, width=2)
+        for x, y in points:
+            draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=color)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+    return path
+
+
+def write_summary(
+    run_dir: Path, total_steps: int, wall_s: float, model_path: str, pipeline: str | None, *, interrupted: bool
+) -> str:
+    """Draw ``reward_curve.png``, write ``summary.txt`` and log the summary; returns its text."""
+    record = read_run(run_dir / "metrics.jsonl")
+    draw_reward_curve(record, run_dir / CURVE_FILE)
+    text = summary_text(run_dir, record, total_steps, wall_s, model_path, pipeline, interrupted=interrupted)
+    (run_dir / SUMMARY_FILE).write_text(text + "\n")
+    logger.info("\n%s", text)
+    return text
