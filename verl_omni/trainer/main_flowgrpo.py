@@ -95,11 +95,13 @@ def run_flowgrpo(config: DictConfig) -> None:
 
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.trainer.flowgrpo.run_dir import open_run_dir
 
     resolve_builtin_paths(config)
     configs = validate_config(config)
+    run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before Ray starts
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    trainer = RayFlowGRPOTrainer(config, configs)
+    trainer = RayFlowGRPOTrainer(config, configs, run_dir)
     trainer.init()
     trainer.fit()
 
