@@ -208,11 +208,16 @@ def test_a_run_into_a_finished_run_with_resume_disabled_is_refused_before_ray_an
 ):
     """It used to truncate metrics.jsonl and rewrite global_step_1..2 beside the old global_step_3."""
     run = two[0]
-    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    def run_files():
+        # Hydra records each invocation under hydra/<time>/ (hydra.run.dir); that is not the run's output
+        return {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and "hydra" not in p.parts}
+
+    before = run_files()
     proc = run_entry_point(run, tiny_qwen_image_path, prompt_files, "trainer.resume_mode=disable")
     assert proc.returncode != 0
     message = proc.stdout + proc.stderr
     assert "holds an earlier run" in message and "trainer.overwrite_output_dir=true" in message, message[-3000:]
     assert "trainer.resume_mode=auto" in message and "trainer.default_local_dir" in message
     assert "ray.init" not in message and "Started a local Ray instance" not in message
-    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+    assert run_files() == before
