@@ -31,6 +31,15 @@ def write_prompt_files(root: Path) -> tuple[Path, Path]:
 
 def run_trainer(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None) -> tuple[list[dict], float]:
     """Run the entry point (tiny sizes, then ``overrides``); return the metrics file's records and the wall time."""
+    start = time.perf_counter()
+    proc = run_entry_point(out, model, prompts, *overrides, env=env)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return read_metrics(out), wall
+
+
+def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None):
+    """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process."""
     train, val = prompts
     args = [
         f"actor_rollout_ref.model.path={model}",
@@ -58,8 +67,7 @@ def run_trainer(out: Path, model: Path, prompts, *overrides: str, env: dict | No
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
     }
-    start = time.perf_counter()
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "verl_omni.trainer.main_flowgrpo", *args],
         cwd=out.parent,
         env=env,
@@ -67,9 +75,6 @@ def run_trainer(out: Path, model: Path, prompts, *overrides: str, env: dict | No
         text=True,
         timeout=1500,
     )
-    wall = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return read_metrics(out), wall
 
 
 def read_metrics(out: Path) -> list[dict]:
@@ -100,11 +105,15 @@ STEP_KEYS = (
 )
 
 
-def lora_b_norm(run: Path, step: int) -> float:
+def lora_of(run: Path, step: int) -> dict:
+    """The LoRA tensors of step ``step``'s checkpoint, as diffusers reads the file."""
     from safetensors.torch import load_file
 
-    tensors = load_file(run / f"global_step_{step}" / "actor" / "lora" / "pytorch_lora_weights.safetensors")
-    return sum(float(t.norm()) for name, t in tensors.items() if "lora_B" in name)
+    return load_file(run / f"global_step_{step}" / "actor" / "lora" / "pytorch_lora_weights.safetensors")
+
+
+def lora_b_norm(run: Path, step: int) -> float:
+    return sum(float(t.norm()) for name, t in lora_of(run, step).items() if "lora_B" in name)
 
 
 def image_of(path: Path):

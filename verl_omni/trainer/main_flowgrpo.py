@@ -107,14 +107,16 @@ def run_flowgrpo(config: DictConfig) -> None:
     resolve_builtin_paths(config)
     check_resources(config)
     from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.flowgrpo.run_dir import open_run_dir
 
     configs = validate_config(config)
+    run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before the heavy imports
     import torch
 
     from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    trainer = RayFlowGRPOTrainer(config, configs)
+    trainer = RayFlowGRPOTrainer(config, configs, run_dir)
     trainer.init()
     try:
         trainer.fit()

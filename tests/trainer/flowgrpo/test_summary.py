@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from verl_omni.trainer.flowgrpo.run_dir import RunDir
 from verl_omni.trainer.flowgrpo.summary import (
     CURVE_FILE,
     DIFFUSERS_HEADER,
@@ -43,10 +44,14 @@ def run_dir(tmp_path_factory, monkeypatch_module):
     for step in VAL:
         (run / "images").mkdir(exist_ok=True)
         Image.new("RGB", (8, 8)).save(run / "images" / f"val_step_{step}.png")
-    (run / "global_step_2" / "actor" / "lora").mkdir(parents=True)
-    (run / "global_step_2" / "actor" / "lora" / "pytorch_lora_weights.safetensors").write_bytes(b"")
-    # a later checkpoint without its LoRA file (an interrupted save) is not the final LoRA
-    (run / "global_step_4" / "actor").mkdir(parents=True)
+    # checkpoints saved the way the trainer saves them: into a .partial, then committed
+    checkpoints = RunDir(root=run, world_size=1)
+    lora = checkpoints.begin_checkpoint(2) / "actor" / "lora"
+    lora.mkdir(parents=True)
+    (lora / "pytorch_lora_weights.safetensors").write_bytes(b"")
+    checkpoints.commit_checkpoint(2)
+    # a later save that was cut off (its .partial left behind) is not the final LoRA
+    (checkpoints.begin_checkpoint(4) / "actor" / "lora").mkdir(parents=True)
     return run
 
 

@@ -62,11 +62,16 @@ class FlowGRPOTrainerConfig(BaseConfig):
         val_grid_images (int): at most this many validation images in the logged grid.
         default_local_dir (str): the run's directory: checkpoints, ``metrics.jsonl``, image grids.
         default_hdfs_dir (str | None): not supported (must be None).
-        resume_mode (str): ``auto`` (latest ``global_step_*`` in ``default_local_dir``),
-            ``disable``, or ``resume_path`` (``resume_from_path``).
-        resume_from_path (str | None): a ``global_step_<N>`` directory, for ``resume_path``.
+        resume_mode (str): ``auto`` (resume the run in ``default_local_dir`` from its newest complete
+            ``global_step_*``), ``disable`` (start a new run; refused when ``default_local_dir`` holds
+            one), or ``resume_path`` (``resume_from_path``). See ``docs/trainer.md``, output directory.
+        resume_from_path (str | None): a complete ``global_step_<N>`` directory, for ``resume_path``.
+        overwrite_output_dir (bool): delete an earlier run found in ``default_local_dir``
+            (``metrics.jsonl``, checkpoints, tracker, ``images/``, ``tensorboard/``) and start over;
+            False refuses to start there unless the run resumes it.
         del_local_ckpt_after_load (bool): verl's key; must stay False.
-        max_actor_ckpt_to_keep (int | None): verl's key; keep all when None.
+        max_actor_ckpt_to_keep (int | None): keep this many newest complete checkpoints, delete older
+            ones after each save; None keeps all.
         checkpoint_callback_class (str | None): verl's checkpoint callback hook (a class path).
         colocate_rollout (bool): place the rollout servers on the actor's devices (verl's
             colocated mode) and put them to sleep during the actor phases; False runs them
@@ -90,6 +95,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
     default_hdfs_dir: str | None = None
     resume_mode: str = "auto"
     resume_from_path: str | None = None
+    overwrite_output_dir: bool = False
     del_local_ckpt_after_load: bool = False
     max_actor_ckpt_to_keep: int | None = None
     checkpoint_callback_class: str | None = None
@@ -125,3 +131,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
             raise ValueError("trainer.del_local_ckpt_after_load is not supported; set it to False")
         if not self.default_local_dir:
             raise ValueError("trainer.default_local_dir must be a directory path")
+        if self.max_actor_ckpt_to_keep is not None and self.max_actor_ckpt_to_keep < 1:
+            raise ValueError(
+                f"trainer.max_actor_ckpt_to_keep must be >= 1 or null (keep all), got {self.max_actor_ckpt_to_keep}"
+            )

@@ -3,9 +3,10 @@
 It extends verl's v1 ``PPOTrainer`` (``verl/trainer/ppo/v1/trainer_base.py``) and keeps its
 shape: ``init`` → ``_setup`` + ``on_init_end``; ``fit`` runs steps; a step is a column of
 phases, each one timer around one method taking ``(batch, metrics)``; mode differences
-(colocated sleep/wake) live in the ``on_*`` hooks. It reuses verl's checkpoint save/resume
+(colocated sleep/wake) live in the ``on_*`` hooks. It keeps verl's checkpoint layout
 (``global_step_<N>/actor`` + ``data.pt`` + ``latest_checkpointed_iteration.txt``) and
-``Tracking``. It overrides the data path: verl's v1 loop moves token sequences through
+``Tracking``, but writes and resumes checkpoints through :mod:`run_dir` (written under a temporary
+name and renamed when complete; resumed only from a complete one; the directory locked). It overrides the data path: verl's v1 loop moves token sequences through
 TransferQueue with nested response tensors, while a diffusion batch is a plain ``DataProto`` of
 images, latents and prompt embeddings (``docs/trainer.md``, batch flow).
 
@@ -22,7 +23,6 @@ import os
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import ray
@@ -41,6 +41,7 @@ from verl.utils.tracking import Tracking
 
 from verl_omni.trainer.config.validation import FlowGRPOConfigs
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
+from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.workers.utils.replay import TRAJECTORY_KEYS
@@ -64,7 +65,8 @@ def _restore_info_logging() -> None:
 class RayFlowGRPOTrainer(PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
 
-    def __init__(self, config: DictConfig, configs: FlowGRPOConfigs):
+    def __init__(self, config: DictConfig, configs: FlowGRPOConfigs, run_dir: RunDir | None = None):
+        """``run_dir``: what ``open_run_dir`` decided before Ray started (opened here when not given)."""
         # verl's __init__ builds a TransferQueue replay buffer; this trainer feeds the step directly
         self.config = config
         self.configs = configs
@@ -78,7 +80,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         # what the actor replays (docs/actor.md, batch format): the trajectory and the model's conditioning
         self.replay_keys = TRAJECTORY_KEYS + configs.model.adapter.required_keys(configs.rollout.uses_cfg)
         self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.local_dir = Path(configs.trainer.default_local_dir).expanduser().absolute()
+        self.run_dir = run_dir or open_run_dir(configs.trainer)
+        self.local_dir = self.run_dir.root
         self.global_steps = 0
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
@@ -439,6 +442,36 @@ class RayFlowGRPOTrainer(PPOTrainer):
             model.adapter.lora_file_pipeline,
             interrupted=interrupted,
         )
+
+    # ---- checkpoints -----------------------------------------------------------------------
+
+    def _save_checkpoint(self):
+        """The actor's ranks and the dataloader state into ``global_step_<N>.partial``, then committed.
+
+        verl's version writes ``global_step_<N>`` in place and the tracker right after: a kill
+        mid-save leaves a checkpoint that resumes wrongly. Here the directory is renamed only when
+        everything is written, then the tracker moves and ``max_actor_ckpt_to_keep`` prunes.
+        """
+        partial = self.run_dir.begin_checkpoint(self.global_steps)
+        # blocks until every rank has written its files
+        self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, self.global_steps)
+        torch.save(self.train_dataloader.state_dict(), partial / "data.pt")
+        path = self.run_dir.commit_checkpoint(self.global_steps, keep=self.configs.trainer.max_actor_ckpt_to_keep)
+        logger.info("checkpoint of step %d complete: %s", self.global_steps, path)
+        self.checkpoint_callback.on_save(
+            trainer=self, global_step=self.global_steps, checkpoint_dir=str(path), async_save=False
+        )
+
+    def _load_checkpoint(self):
+        """Load the complete checkpoint ``open_run_dir`` chose (none: step 0), actor and dataloader."""
+        target = self.run_dir.resume_from
+        self.global_steps = self.run_dir.resume_step
+        if target is None:
+            logger.info("a new run in %s", self.local_dir)
+            return
+        logger.info("resuming from %s at step %d", target, self.global_steps)
+        self.actor_rollout_wg.load_checkpoint(local_path=str(target / "actor"))
+        self.train_dataloader.load_state_dict(torch.load(target / "data.pt", weights_only=False))
 
     def _call_servers(self, method: str) -> None:
         ray.get([getattr(server, method).remote() for server in self.llm_server_manager.server_handles])

@@ -68,13 +68,13 @@ def read_run(metrics_file: Path) -> RunRecord:
 
 
 def final_lora(run_dir: Path) -> Path | None:
-    """The LoRA directory of the newest complete ``global_step_<N>`` (one holding the LoRA file)."""
-    steps = []
-    for path in run_dir.glob("global_step_*"):
-        match = re.fullmatch(r"global_step_(\d+)", path.name)
-        if match and (path / LORA_SUBDIR / LORA_WEIGHT_NAME).is_file():
-            steps.append((int(match.group(1)), path / LORA_SUBDIR))
-    return max(steps)[1] if steps else None
+    """The LoRA directory of the newest complete checkpoint (``run_dir.complete_steps``: a save cut off is not one)."""
+    from verl_omni.trainer.flowgrpo.run_dir import complete_steps, step_dir
+
+    steps = [
+        step for step in complete_steps(run_dir) if (step_dir(run_dir, step) / LORA_SUBDIR / LORA_WEIGHT_NAME).is_file()
+    ]
+    return step_dir(run_dir, max(steps)) / LORA_SUBDIR if steps else None
 
 
 def diffusers_lines(pipeline: str | None, model_path: str, lora: Path | None) -> list[str]:

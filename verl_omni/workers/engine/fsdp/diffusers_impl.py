@@ -267,11 +267,20 @@ class DiffusersFSDPEngine(FSDPEngine):
         return ((f"base_model.model.{rollout_name(name)}", tensor) for name, tensor in tensors.items()), config
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-        """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state."""
+        """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state.
+
+        ``max_ckpt_to_keep`` must be None: pruning is the trainer's (``trainer.max_actor_ckpt_to_keep``).
+        """
         if hdfs_path is not None:
             raise NotImplementedError("hdfs_path is not supported by DiffusersFSDPEngine checkpoints")
         if not self._is_lora:
             raise NotImplementedError("checkpoints of full fine-tuning (model.lora.rank=0) are not implemented")
+        if max_ckpt_to_keep is not None:
+            # the engine sees one checkpoint directory; the run directory's trainer prunes them all
+            raise NotImplementedError(
+                "DiffusersFSDPEngine does not prune checkpoints; trainer.max_actor_ckpt_to_keep is applied by "
+                "verl_omni.trainer.flowgrpo.run_dir after each complete save"
+            )
         checkpoint.save(self, local_path, global_step)
 
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False, **kwargs):

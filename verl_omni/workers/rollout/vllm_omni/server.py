@@ -24,6 +24,11 @@ from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_REQUESTS = 8
+# On CPU a request's numbers depend on the transformer batch it shares: small-row matmuls round
+# differently with the row count (the tiny Qwen-Image's outputs move by ~4e-7 between batches of 1, 2
+# and 4 samples), and which requests share a batch depends on arrival timing. One request per batch
+# makes CPU runs, and resumed runs, bit-reproducible (docs/trainer.md, exact resume).
+CPU_MAX_BATCH_REQUESTS = 1
 # Ray CPUs a CPU-only server actor reserves (its engine's worker processes run outside Ray)
 CPU_SERVER_NUM_CPUS = 1
 
@@ -57,7 +62,8 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         # may name the rollout pipeline (custom_pipeline) and a stage/deploy config (stage_configs_path)
         engine_kwargs = dict((self.config.get("engine_kwargs", {}) or {}).get("vllm_omni", {}) or {})
         # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
-        max_batch_requests = int(engine_kwargs.pop("max_num_seqs", DEFAULT_MAX_BATCH_REQUESTS))
+        default = DEFAULT_MAX_BATCH_REQUESTS if torch.cuda.is_available() else CPU_MAX_BATCH_REQUESTS
+        max_batch_requests = int(engine_kwargs.pop("max_num_seqs", default))
         if self._sleeps():
             # weights go through vLLM's CuMem pool so that sleep(level=1) can offload them
             engine_kwargs.setdefault("enable_sleep_mode", True)
