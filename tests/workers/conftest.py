@@ -34,9 +34,14 @@ def loop():
     runner.stop()
 
 
+# the image size the worker tests generate at: the engines warm up at it too (one step)
+TEST_IMAGE_SIZE = (32, 32)
+
+
 def _started_engine(loop, model_path, dtype, max_batch_requests: int = 8, **engine_kwargs):
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
+    engine_kwargs.setdefault("warmup_size", TEST_IMAGE_SIZE)
     rollout = OmniRolloutEngine(str(model_path), dtype=dtype, max_batch_requests=max_batch_requests, **engine_kwargs)
 
     async def start():
