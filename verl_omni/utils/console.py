@@ -1,0 +1,73 @@
+"""Third-party console output that says nothing to a verl_omni user, filtered where it is emitted.
+
+A run prints its first line after the imports of Ray, verl, vLLM, vLLM-Omni, torch, transformers and
+diffusers, each with warnings about optional backends this project never uses. The filters below
+drop those, and only those, by their exact origin (warning category, message and module; logger
+name and message); anything else, including every warning that asks the user to do something,
+still prints. ``VERL_OMNI_SHOW_WARNINGS=1`` turns the filters off in every process.
+
+:func:`quiet_third_party_output` is idempotent and runs in each kind of process before the noise:
+the trainer entry (``main_flowgrpo``, before it imports verl), every Ray worker (``init_ray``'s
+``worker_process_setup_hook``) and every vLLM process (our vLLM platform plugin entry point, which
+vLLM loads before it imports its kernels). The environment variable is read, not a config key,
+because the noise comes from imports that run before the config is composed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+
+SHOW_WARNINGS_ENV = "VERL_OMNI_SHOW_WARNINGS"
+
+# Python warnings: (category, message regex from its start, module regex of the warn() caller)
+QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    # verl probes its optional training engines at import; we run on our own diffusers FSDP engine
+    (UserWarning, r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available", r"verl\.workers\.engine"),
+)
+
+# log records: (logger name, message regex from its start)
+QUIET_LOG_RECORDS: tuple[tuple[str, str], ...] = ()
+
+_installed = False
+
+
+class _DropMessages(logging.Filter):
+    """Drops a logger's records whose message starts with one of the given patterns."""
+
+    def __init__(self, patterns: list[str]):
+        super().__init__()
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.pattern.match(record.getMessage()) is None
+
+
+def warnings_shown() -> bool:
+    """Whether the user asked for every third-party warning (``VERL_OMNI_SHOW_WARNINGS=1``)."""
+    value = os.environ.get(SHOW_WARNINGS_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"{SHOW_WARNINGS_ENV} must be 1 or 0, got {value!r}")
+
+
+def quiet_third_party_output() -> bool:
+    """Install the filters in this process (once); returns whether they are active."""
+    global _installed
+    if warnings_shown():
+        return False
+    if _installed:
+        return True
+    for category, message, module in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    by_logger: dict[str, list[str]] = {}
+    for name, message in QUIET_LOG_RECORDS:
+        by_logger.setdefault(name, []).append(message)
+    for name, patterns in by_logger.items():
+        logging.getLogger(name).addFilter(_DropMessages(patterns))
+    _installed = True
+    return True
