@@ -25,13 +25,21 @@ SHOW_WARNINGS_ENV = "VERL_OMNI_SHOW_WARNINGS"
 # Python warnings: (category, message regex from its start, module regex of the warn() caller)
 QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     # verl probes its optional training engines at import; we run on our own diffusers FSDP engine
-    (UserWarning, r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available", r"verl\.workers\.engine"),
+    (
+        UserWarning,
+        r"(torchtitan|veomni|automodel|mindspeed|megatron) engine is not available",
+        r"verl\.workers\.engine",
+    ),
 )
 
 # log records: (logger name, message regex from its start)
 QUIET_LOG_RECORDS: tuple[tuple[str, str], ...] = ()
 
-_installed = False
+# noise only on our CPU platform (on a GPU machine the same lines point at a broken install)
+QUIET_CPU_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = ()
+QUIET_CPU_LOG_RECORDS: tuple[tuple[str, str], ...] = ()
+
+_installed: set[str] = set()
 
 
 class _DropMessages(logging.Filter):
@@ -55,19 +63,25 @@ def warnings_shown() -> bool:
     raise ValueError(f"{SHOW_WARNINGS_ENV} must be 1 or 0, got {value!r}")
 
 
-def quiet_third_party_output() -> bool:
-    """Install the filters in this process (once); returns whether they are active."""
-    global _installed
-    if warnings_shown():
-        return False
-    if _installed:
-        return True
-    for category, message, module in QUIET_WARNINGS:
+def _install(name: str, python_warnings, log_records) -> None:
+    if name in _installed:
+        return
+    for category, message, module in python_warnings:
         warnings.filterwarnings("ignore", message=message, category=category, module=module)
     by_logger: dict[str, list[str]] = {}
-    for name, message in QUIET_LOG_RECORDS:
-        by_logger.setdefault(name, []).append(message)
-    for name, patterns in by_logger.items():
-        logging.getLogger(name).addFilter(_DropMessages(patterns))
-    _installed = True
+    for logger_name, message in log_records:
+        by_logger.setdefault(logger_name, []).append(message)
+    for logger_name, patterns in by_logger.items():
+        logging.getLogger(logger_name).addFilter(_DropMessages(patterns))
+    _installed.add(name)
+
+
+def quiet_third_party_output(cpu_platform: bool = False) -> bool:
+    """Install the filters in this process (once; ``cpu_platform`` adds the CPU platform's); returns
+    whether they are active (not with ``VERL_OMNI_SHOW_WARNINGS=1``)."""
+    if warnings_shown():
+        return False
+    _install("general", QUIET_WARNINGS, QUIET_LOG_RECORDS)
+    if cpu_platform:
+        _install("cpu", QUIET_CPU_WARNINGS, QUIET_CPU_LOG_RECORDS)
     return True
