@@ -38,7 +38,7 @@ def test_engine_starts_beside_a_cpu_hog_and_warms_up_once_at_the_configured_size
     async def start():
         rollout.start()
 
-    loop.run(start())
+    loop.run(start(), timeout=rollout.engine_start_timeout_s + 60)
     try:
         assert cpu_hog.poll() is None, "the CPU hog stopped before the engine had started"
         # the engine runs in this process (one stage, one replica): its warm-up is recorded here
