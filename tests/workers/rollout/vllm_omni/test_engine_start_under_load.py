@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+# above the engine start bound (engine_start_timeout_s, 1200 s): a start on a loaded machine may take most of it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # non-square, so the recorded warm-up shows height and width apart
 WARMUP = (32, 48)

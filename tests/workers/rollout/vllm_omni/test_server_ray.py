@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+# above the engine start bound (engine_start_timeout_s, 1200 s): a start on a loaded machine may take most of it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SAMPLING = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_size": 2, "seed": 11}
 
