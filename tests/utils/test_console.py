@@ -23,6 +23,8 @@ print("CPU_PLATFORM", cpu_platform_enabled())
 """
 # one line of each filtered warning
 VERL_ENGINES = "engine is not available: ModuleNotFoundError"
+VLLM_PLUGIN_LIST = "Available plugins for group vllm.platform_plugins"
+# fixed at the source (the CPU platform imports no device kernels): absent either way
 VLLM_KERNELS = "Failed to import from vllm._C"
 
 
@@ -49,13 +51,18 @@ def loud_console():
 def test_a_fresh_interpreter_prints_none_of_the_filtered_warnings(quiet_console):
     assert "CPU_PLATFORM True" in quiet_console
     assert VERL_ENGINES not in quiet_console
+    assert VLLM_PLUGIN_LIST not in quiet_console
     assert VLLM_KERNELS not in quiet_console
     assert "Warning" not in quiet_console, quiet_console
+    # what is not filtered still prints
+    assert "Platform plugin verl_omni_cpu is activated" in quiet_console
 
 
-def test_show_warnings_restores_the_filtered_python_warnings(loud_console):
+def test_show_warnings_restores_the_filtered_warnings(loud_console):
     # five optional verl engines, each warned about once
     assert loud_console.count(VERL_ENGINES) == 5, loud_console
+    assert VLLM_PLUGIN_LIST in loud_console
+    assert VLLM_KERNELS not in loud_console
 
 
 def test_an_invalid_show_warnings_value_names_the_variable(monkeypatch):

@@ -33,11 +33,29 @@ QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
 )
 
 # log records: (logger name, message regex from its start)
-QUIET_LOG_RECORDS: tuple[tuple[str, str], ...] = ()
+QUIET_LOG_RECORDS: tuple[tuple[str, str], ...] = (
+    # vLLM lists every plugin it finds in every process; "Platform plugin ... is activated" still prints
+    ("vllm.plugins", r"Available plugins for group |- \S+ -> \S+$|All plugins in this group will be loaded"),
+    # our worker extension overrides init_lora_manager on purpose (in-memory LoRA tensors)
+    (
+        "vllm_omni.diffusion.worker.diffusion_worker",
+        r"Worker class .* already has attribute init_lora_manager, .*verl_omni\.workers\.rollout",
+    ),
+)
 
-# noise only on our CPU platform (on a GPU machine the same lines point at a broken install)
+# noise only on our CPU platform (on a GPU machine the same lines would point at a real problem)
 QUIET_CPU_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = ()
-QUIET_CPU_LOG_RECORDS: tuple[tuple[str, str], ...] = ()
+QUIET_CPU_LOG_RECORDS: tuple[tuple[str, str], ...] = (
+    ("vllm.triton_utils.importing", r"Triton is installed but 0 active driver"),
+    ("torch.utils.cpp_extension", r"No CUDA runtime is found"),
+    ("vllm_omni.worker.gpu_memory_utils", r"NVML init failed"),
+    # fp32 on CPU always runs torch SDPA (the platform selects it too)
+    ("vllm_omni.diffusion.attention.layer", r"Only SDPA supports float32\. Overriding user config"),
+    (
+        "vllm_omni.diffusion.worker.diffusion_model_runner",
+        r"Model runner: Platform cpu does not support torch inductor",
+    ),
+)
 
 _installed: set[str] = set()
 
