@@ -265,8 +265,8 @@ def _make_sized_dummy_run(original):
 
 
 def patch_engine_warmup() -> None:
-    """Gap: vLLM-Omni 0.26 ``DiffusionEngine._dummy_run`` warms the engine up at a fixed 512x512 (minutes
-    of CPU for nothing the rollout uses) and waits for the warm-up's output on the private, fixed
+    """Gap: vLLM-Omni 0.26 ``DiffusionEngine._dummy_run`` warms the engine up at a fixed 512x512 (on CPU a
+    forward far larger than the tiny rollout's, for nothing the rollout uses) and waits for the warm-up's output on the private, fixed
     ``_ASYNC_OUTPUT_TIMEOUT`` (30 s), which a busy machine overruns ("Orchestrator initialization failed").
     Patched: an engine that carries :func:`engine_start_config` warms up at that size, one step, and waits
     as long as it asks (the same module value bounds each request's output wait afterwards). Remove once
