@@ -34,15 +34,23 @@ def loop():
     runner.stop()
 
 
+# the image size the worker tests generate at: the engines warm up at it too (one step)
+TEST_IMAGE_SIZE = (32, 32)
+# how much longer than the engine's own start bound the test waits for its start to return
+START_MARGIN_S = 60
+
+
 def _started_engine(loop, model_path, dtype, max_batch_requests: int = 8, **engine_kwargs):
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
+    engine_kwargs.setdefault("warmup_size", TEST_IMAGE_SIZE)
     rollout = OmniRolloutEngine(str(model_path), dtype=dtype, max_batch_requests=max_batch_requests, **engine_kwargs)
 
     async def start():
         rollout.start()
 
-    loop.run(start())
+    # the engine bounds its own start (engine_start_timeout_s) and says so; the loop only must not cut it short
+    loop.run(start(), timeout=rollout.engine_start_timeout_s + START_MARGIN_S)
     return rollout
 
 

@@ -48,13 +48,25 @@ def cpu_platform_enabled() -> bool:
 
 
 def vllm_platform_plugin() -> str | None:
-    """Entry point of group ``vllm.platform_plugins``: our CPU platform or None."""
-    return VLLM_CPU_PLATFORM if cpu_platform_enabled() else None
+    """Entry point of group ``vllm.platform_plugins``: our CPU platform or None.
+
+    vLLM loads it early in every process that uses vLLM (engine workers included), so it is also
+    where those processes drop the third-party noise (:mod:`verl_omni.utils.console`)."""
+    from verl_omni.utils.console import quiet_third_party_output
+
+    enabled = cpu_platform_enabled()
+    quiet_third_party_output(cpu_platform=enabled)
+    return VLLM_CPU_PLATFORM if enabled else None
 
 
 def omni_platform_plugin() -> str | None:
-    """Entry point of group ``vllm_omni.platform_plugins``: our CPU OmniPlatform or None."""
-    return OMNI_CPU_PLATFORM if cpu_platform_enabled() else None
+    """Entry point of group ``vllm_omni.platform_plugins``: our CPU OmniPlatform or None (and, as
+    :func:`vllm_platform_plugin`, the third-party noise filters of this process)."""
+    from verl_omni.utils.console import quiet_third_party_output
+
+    enabled = cpu_platform_enabled()
+    quiet_third_party_output(cpu_platform=enabled)
+    return OMNI_CPU_PLATFORM if enabled else None
 
 
 def omni_general_plugin() -> None:

@@ -10,7 +10,6 @@ import concurrent.futures
 import logging
 import threading
 import time
-from importlib.metadata import version
 
 logger = logging.getLogger(__name__)
 
@@ -19,14 +18,20 @@ _applied: set[str] = set()
 BATCH_OUTPUT_TIMEOUT_S = 60.0
 
 
-def _version_supported() -> bool:
-    installed = version("vllm-omni")
+def _version_supported(installed: str | None = None) -> bool:
+    """Whether ``installed`` (default: ``vllm_omni.__version__``) is a version these patches were written for."""
+    if installed is None:
+        from vllm_omni.version import __version__ as installed
     if installed.startswith(PATCHED_VLLM_OMNI_VERSIONS):
         return True
     logger.warning(
-        "verl_omni CPU patches were written for vllm-omni %s, found %s: not applied",
-        PATCHED_VLLM_OMNI_VERSIONS,
+        "verl_omni CPU patches were written for vllm-omni %s, found %s: not applied (%s). The engine may "
+        "fail on CPU: its warm-up runs at vLLM-Omni's own size and waits on its own private timeout; "
+        "check each patch's gap against this version, then extend PATCHED_VLLM_OMNI_VERSIONS in %s",
+        "/".join(v + "x" for v in PATCHED_VLLM_OMNI_VERSIONS),
         installed,
+        ", ".join(PATCHES),
+        __name__,
     )
     return False
 
@@ -169,10 +174,124 @@ def patch_sdpa_dispatch() -> None:
     logger.info("verl_omni CPU patch applied: SDPAImpl.forward")
 
 
-def apply_all() -> None:
-    """Apply every CPU patch once per process (idempotent)."""
-    if not _version_supported():
+# ---- engine start: warm-up at the configured size, waits bounded by our setting ----------------
+
+# The ``additional_config`` entry (vLLM's per-platform settings dict, carried into the engine's
+# ``OmniDiffusionConfig``) through which an engine asks for the start below; see engine_start_config.
+ENGINE_START_KEY = "verl_omni_engine_start"
+# The warm-ups this process ran (the engine runs in the caller's process when it has one stage and one
+# replica): what a test reads to see the size the engine really warmed up at.
+_warmups_run: list[dict] = []
+
+
+def engine_start_config(size: tuple[int, int] | None, timeout_s: float, timeout_key: str) -> dict:
+    """The ``additional_config`` for an engine whose CPU warm-up runs at ``size`` (height, width; None:
+    vLLM-Omni's own), one step, and waits up to ``timeout_s`` seconds for its output (``timeout_key``
+    is the setting named when that runs out)."""
+    if not timeout_s > 0:
+        raise ValueError(f"{timeout_key} must be > 0 seconds, got {timeout_s}")
+    height, width = (None, None) if size is None else (int(size[0]), int(size[1]))
+    settings = {"height": height, "width": width, "timeout_s": float(timeout_s), "timeout_key": timeout_key}
+    return {ENGINE_START_KEY: settings}
+
+
+def warmups_run() -> list[dict]:
+    """The warm-ups run in this process so far: size, steps and the output's shape, in order."""
+    return list(_warmups_run)
+
+
+def _sized_warmup_request(engine, height: int, width: int):
+    """vLLM-Omni's warm-up request (its reserved request id), one step at ``height`` x ``width``."""
+    import PIL.Image
+    from vllm_omni.diffusion import diffusion_engine
+    from vllm_omni.diffusion.request import DUMMY_DIFFUSION_REQUEST_ID, OmniDiffusionRequest
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    model_class = engine.od_config.model_class_name
+    takes_image, takes_audio = diffusion_engine.supports_multimodal_input(engine.od_config)
+    prompt = {"prompt": "warm-up"}
+    if takes_image:
+        blank = PIL.Image.new(diffusion_engine.image_color_format(model_class), (width, height))
+        prompt["multi_modal_data"] = {"image": blank}
+    params = OmniDiffusionSamplingParams(
+        height=height,
+        width=width,
+        num_inference_steps=1,
+        num_frames=diffusion_engine.get_dummy_run_num_frames(model_class, takes_audio),
+        # no CFG: the warm-up must not need a negative prompt or a CFG-parallel group
+        guidance_scale=0.0,
+        num_outputs_per_prompt=1,
+        extra_args={"cfg_text_scale": 1.0, "cfg_img_scale": 1.0},
+    )
+    return OmniDiffusionRequest(prompt=prompt, request_id=DUMMY_DIFFUSION_REQUEST_ID, sampling_params=params)
+
+
+def _make_sized_dummy_run(original):
+    def _sized_dummy_run(self):
+        """The warm-up at the size and with the wait an engine's ``additional_config`` asks for (else upstream's)."""
+        from vllm_omni.diffusion import diffusion_engine
+
+        settings = (getattr(self.od_config, "additional_config", None) or {}).get(ENGINE_START_KEY)
+        if settings is None:
+            return original(self)
+        height, width, timeout_s = settings["height"], settings["width"], settings["timeout_s"]
+        # upstream keeps it module-level: the engines of one process share the longest wait any asked for
+        diffusion_engine._ASYNC_OUTPUT_TIMEOUT = max(diffusion_engine._ASYNC_OUTPUT_TIMEOUT, timeout_s)
+        # an audio-input model's warm-up needs upstream's dummy audio: keep its request
+        sized = height is not None and not diffusion_engine.supports_multimodal_input(self.od_config)[1]
+        what = f"{height}x{width}, 1 step" if sized else "vLLM-Omni's own size, 1 step"
+        logger.info("vLLM-Omni engine warm-up: %s (its output waited for up to %.0f s)", what, timeout_s)
+        try:
+            if not sized:
+                return original(self)
+            request = _sized_warmup_request(self, height, width)
+            if self.pre_process_func is not None:
+                request = self.pre_process_func(request)
+            output = self.add_req_and_wait_for_response(request)
+        except TimeoutError as error:
+            raise TimeoutError(
+                f"vLLM-Omni engine start: the warm-up request ({what}) was computed but its output did not "
+                f"arrive within {diffusion_engine._ASYNC_OUTPUT_TIMEOUT:.0f} s (a busy machine?); "
+                f"raise {settings['timeout_key']} to wait longer"
+            ) from error
+        if output.error:
+            raise RuntimeError(f"vLLM-Omni engine warm-up ({what}) failed: {output.error}")
+        shape = getattr(output.output, "shape", None)
+        _warmups_run.append(
+            {"height": height, "width": width, "num_inference_steps": 1, "output_shape": tuple(shape or ())}
+        )
+
+    return _sized_dummy_run
+
+
+def patch_engine_warmup() -> None:
+    """Gap: vLLM-Omni 0.26 ``DiffusionEngine._dummy_run`` warms the engine up at a fixed 512x512 (on CPU a
+    forward far larger than the tiny rollout's, for nothing the rollout uses) and waits for the warm-up's output on the private, fixed
+    ``_ASYNC_OUTPUT_TIMEOUT`` (30 s), which a busy machine overruns ("Orchestrator initialization failed").
+    Patched: an engine that carries :func:`engine_start_config` warms up at that size, one step, and waits
+    as long as it asks (the same module value bounds each request's output wait afterwards). Remove once
+    vLLM-Omni takes the warm-up size and the output wait from its config."""
+    if "engine_warmup" in _applied:
         return
-    patch_async_output_loop()
-    patch_batch_output_split()
-    patch_sdpa_dispatch()
+    from vllm_omni.diffusion.diffusion_engine import DiffusionEngine
+
+    DiffusionEngine._dummy_run = _make_sized_dummy_run(DiffusionEngine._dummy_run)
+    _applied.add("engine_warmup")
+    logger.info("verl_omni CPU patch applied: DiffusionEngine._dummy_run")
+
+
+PATCHES = {
+    "async_output_loop": patch_async_output_loop,
+    "batch_output_split": patch_batch_output_split,
+    "sdpa_dispatch": patch_sdpa_dispatch,
+    "engine_warmup": patch_engine_warmup,
+}
+
+
+def apply_all(installed_version: str | None = None) -> list[str]:
+    """Apply every CPU patch once per process (idempotent); returns the names applied so far."""
+    if not _version_supported(installed_version):
+        return sorted(_applied)
+    for patch in PATCHES.values():
+        patch()
+    return sorted(_applied)

@@ -94,6 +94,11 @@ class CpuMemoryMixin:
         return False
 
     @classmethod
+    def import_kernels(cls) -> None:
+        """vLLM's compiled kernels are device kernels: nothing on CPU uses them, so none is imported
+        (the base class tries ``vllm._C`` and warns in every process that it is missing)."""
+
+    @classmethod
     def get_device_communicator_cls(cls) -> str:
         return "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator"
 

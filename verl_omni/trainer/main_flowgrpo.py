@@ -18,6 +18,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_omni.utils.config import register_resolvers
+from verl_omni.utils.console import SHOW_WARNINGS_ENV, quiet_third_party_output
 
 # the YAML tree's hydra.searchpath names verl's config directory through a resolver (no verl import)
 register_resolvers()
@@ -76,8 +77,11 @@ def init_ray(config: DictConfig, device: str) -> None:
     if device == "cpu" and "address" not in kwargs:
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
     runtime_env = get_ppo_ray_runtime_env(config)
-    if os.environ.get("PYTHONPATH"):
-        runtime_env["env_vars"]["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
+        if os.environ.get(name):
+            runtime_env["env_vars"][name] = os.environ[name]
+    # each Ray worker drops the third-party noise of its imports, as this process does (docs/development.md)
+    runtime_env["worker_process_setup_hook"] = "verl_omni.utils.console.quiet_third_party_output"
     ray.init(runtime_env=runtime_env, include_dashboard=False, **kwargs)
 
 
@@ -128,6 +132,7 @@ def run_flowgrpo(config: DictConfig) -> None:
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)
 def main(config: DictConfig) -> None:
+    quiet_third_party_output()
     run_flowgrpo(config)
 
 

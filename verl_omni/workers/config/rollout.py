@@ -22,6 +22,9 @@ KEY = "actor_rollout_ref.rollout"
 DEFAULT_AGENT_LOOP = "diffusion_single_turn"
 # Qwen-Image latents are packed 2x2 after an 8x VAE: image sides must divide by 16
 IMAGE_SIDE_MULTIPLE = 16
+# Generous for a busy 2-core CPU machine; vLLM-Omni's own bounds are 600 s (orchestrator) / 300 s (stage).
+DEFAULT_ENGINE_START_TIMEOUT_S = 1200.0
+ENGINE_START_TIMEOUT_KEY = f"{KEY}.engine_start_timeout_s"
 
 
 def _diffusion_agent_config() -> AgentLoopConfig:
@@ -53,6 +56,8 @@ class DiffusionRolloutConfig(RolloutConfig):
         enable_batched_diffusion (bool): generate each group of ``n`` rows sharing a prompt with one
             ``generate_batched`` request (one transformer batch). Default True.
         server_routing (RolloutServerRoutingConfig): how requests are spread over replicas.
+        engine_start_timeout_s (float): seconds a rollout engine's start may wait for its orchestrator, stages
+            and (CPU) the warm-up request's output, which runs at ``height`` x ``width``, one step. Default 1200.
         seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
     """
 
@@ -73,6 +78,7 @@ class DiffusionRolloutConfig(RolloutConfig):
     model_kwargs: dict = field(default_factory=dict)
     enable_batched_diffusion: bool = True
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
+    engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S
 
     def __post_init__(self):
         super().__post_init__()
@@ -101,6 +107,8 @@ class DiffusionRolloutConfig(RolloutConfig):
             raise ValueError(f"{KEY}.n must be >= 1, got {self.n}")
         if self.val_kwargs.n < 1:
             raise ValueError(f"{KEY}.val_kwargs.n must be >= 1, got {self.val_kwargs.n}")
+        if not self.engine_start_timeout_s > 0:
+            raise ValueError(f"{ENGINE_START_TIMEOUT_KEY} must be > 0 seconds, got {self.engine_start_timeout_s}")
 
     def _check_image(self) -> None:
         for key in ("height", "width"):

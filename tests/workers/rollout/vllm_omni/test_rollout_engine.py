@@ -25,7 +25,8 @@ SAMPLING = {
     "seed": 7,
 }
 
-pytestmark = pytest.mark.slow
+# above the engine start bound (engine_start_timeout_s, 1200 s): a start on a loaded machine may take most of it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def generate(loop, engine, prompts, n=1, request_id="req", **overrides):

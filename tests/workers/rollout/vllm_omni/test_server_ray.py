@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+# above the engine start bound (engine_start_timeout_s, 1200 s): a start on a loaded machine may take most of it
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SAMPLING = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_size": 2, "seed": 11}
 
@@ -13,9 +14,9 @@ SAMPLING = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_siz
 @pytest.fixture(scope="module")
 def server(tiny_qwen_image_path):
     import ray
-    from verl.workers.config import RolloutConfig
     from verl.workers.rollout.replica import RolloutMode
 
+    from verl_omni.workers.config.rollout import DiffusionRolloutConfig
     from verl_omni.workers.rollout.vllm_omni.server import vLLMOmniHttpServer
 
     ray.init(num_cpus=4, include_dashboard=False)
@@ -23,7 +24,7 @@ def server(tiny_qwen_image_path):
         ray.remote(vLLMOmniHttpServer)
         .options(max_concurrency=8)
         .remote(
-            config=RolloutConfig(name="vllm_omni", dtype="float32"),
+            config=DiffusionRolloutConfig(dtype="float32", height=32, width=32),
             model_config=SimpleNamespace(path=str(tiny_qwen_image_path)),
             rollout_mode=RolloutMode.STANDALONE,
             workers=[],

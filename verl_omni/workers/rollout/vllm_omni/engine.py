@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
 from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.platforms.cpu_patches import engine_start_config
+from verl_omni.workers.config.rollout import DEFAULT_ENGINE_START_TIMEOUT_S, ENGINE_START_TIMEOUT_KEY
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
@@ -116,6 +119,11 @@ class OmniRolloutEngine:
         max_batch_requests: how many queued requests the engine may denoise in one transformer batch.
         custom_pipeline: dotted path of the rollout pipeline class; defaults to the model adapter's
             ``rollout_pipeline`` (looked up from the checkpoint).
+        warmup_size: ``(height, width)`` of the engine's start-up warm-up request (one step) on CPU, the
+            size the rollout generates at; None keeps vLLM-Omni's own (512x512).
+        engine_start_timeout_s: how long start-up may wait: the orchestrator and each stage
+            (``AsyncOmni``'s ``init_timeout`` / ``stage_init_timeout``) and, on CPU, the warm-up's output
+            (``actor_rollout_ref.rollout.engine_start_timeout_s``).
         engine_kwargs: further ``AsyncOmni`` keyword arguments, e.g. ``stage_configs_path`` or
             ``deploy_config`` (a multi-stage or single-stage deploy YAML), or
             ``request_batch_max_wait_ms`` (default :data:`DEFAULT_BATCH_WAIT_MS`; 0 disables the wait).
@@ -127,6 +135,8 @@ class OmniRolloutEngine:
         dtype: str = "bfloat16",
         max_batch_requests: int = 8,
         custom_pipeline: str | None = None,
+        warmup_size: tuple[int, int] | None = None,
+        engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S,
         **engine_kwargs,
     ):
         self.model_path = model_path
@@ -135,7 +145,12 @@ class OmniRolloutEngine:
         adapter = get_training_adapter(model_path)
         self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
         self.model_keys = adapter.sampling_keys
-        self.engine_kwargs = {"request_batch_max_wait_ms": DEFAULT_BATCH_WAIT_MS, **engine_kwargs}
+        self.engine_start_timeout_s = engine_start_timeout_s
+        self.engine_kwargs = {
+            "request_batch_max_wait_ms": DEFAULT_BATCH_WAIT_MS,
+            **engine_kwargs,
+            **_engine_start_kwargs(warmup_size, engine_start_timeout_s, engine_kwargs),
+        }
         self.engine = None
         # the adapter every generation uses (a tensor-free request), and the id the next push gets
         self.active_lora = None
@@ -144,17 +159,24 @@ class OmniRolloutEngine:
         self._lora_lock = asyncio.Lock()
 
     def start(self) -> None:
-        """Launch the engine (spawns the diffusion worker processes)."""
+        """Launch the engine (spawns the diffusion worker processes); waits at most ``engine_start_timeout_s``."""
         from vllm_omni.entrypoints.async_omni import AsyncOmni
 
-        self.engine = AsyncOmni(
-            model=self.model_path,
-            dtype=self.dtype,
-            custom_pipeline_args={"pipeline_class": self.pipeline_class},
-            worker_extension_cls=WORKER_EXTENSION_CLASS,
-            max_num_seqs=self.max_batch_requests,
-            **self.engine_kwargs,
-        )
+        try:
+            self.engine = AsyncOmni(
+                model=self.model_path,
+                dtype=self.dtype,
+                custom_pipeline_args={"pipeline_class": self.pipeline_class},
+                worker_extension_cls=WORKER_EXTENSION_CLASS,
+                max_num_seqs=self.max_batch_requests,
+                **self.engine_kwargs,
+            )
+        except TimeoutError as error:
+            raise TimeoutError(
+                f"the vLLM-Omni engine for {self.model_path} did not start within {self.engine_start_timeout_s:.0f} s "
+                f"(waiting for: its orchestrator, stage and workers to come up); raise {ENGINE_START_TIMEOUT_KEY} "
+                "to wait longer"
+            ) from error
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -287,6 +309,19 @@ class OmniRolloutEngine:
     async def request_batch_sizes(self) -> list[int]:
         """Requests per transformer batch of every rollout forward so far (engine-side count)."""
         return _flatten(await self.collective_rpc("verl_omni_request_batch_sizes"))
+
+
+def _engine_start_kwargs(warmup_size, timeout_s: float, engine_kwargs: dict) -> dict:
+    """``AsyncOmni`` kwargs bounding the start by ``timeout_s`` and sizing the CPU warm-up (see ``cpu_patches``)."""
+    taken = sorted({"init_timeout", "stage_init_timeout"} & set(engine_kwargs))
+    if taken:
+        raise ValueError(
+            f"engine_kwargs.vllm_omni.{taken[0]} is set by {ENGINE_START_TIMEOUT_KEY}: set that key instead"
+        )
+    seconds = math.ceil(timeout_s)
+    additional = dict(engine_kwargs.get("additional_config") or {})
+    additional.update(engine_start_config(warmup_size, timeout_s, ENGINE_START_TIMEOUT_KEY))
+    return {"init_timeout": seconds, "stage_init_timeout": seconds, "additional_config": additional}
 
 
 def _flatten(stage_results: list[Any]) -> list[Any]:

@@ -44,6 +44,17 @@ def _engine_dtype(config_dtype: str, model_path: str) -> str:
     return config_dtype if torch.cuda.is_available() else "float32"
 
 
+def _engine_start_settings(config) -> dict:
+    """The engine's warm-up size (the rollout's image size) and start-up bound from a diffusion rollout
+    config; a plain verl ``RolloutConfig`` has neither and keeps the engine's defaults."""
+    settings = {}
+    if getattr(config, "height", None) and getattr(config, "width", None):
+        settings["warmup_size"] = (int(config.height), int(config.width))
+    if getattr(config, "engine_start_timeout_s", None) is not None:
+        settings["engine_start_timeout_s"] = float(config.engine_start_timeout_s)
+    return settings
+
+
 class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
     """A vLLM-Omni diffusion rollout server in one node (see module docstring)."""
 
@@ -72,6 +83,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
             str(model_path),
             dtype=_engine_dtype(self.config.dtype, str(model_path)),
             max_batch_requests=max_batch_requests,
+            **_engine_start_settings(self.config),
             **engine_kwargs,
         )
         # AsyncOmni starts its orchestrator on the running loop: build it here, in the actor's loop.

@@ -1,0 +1,56 @@
+"""The CPU patches of vLLM-Omni internals: applied on the version they were written for, skipped loudly
+on any other, and the engine-start settings they read checked before an engine sees them."""
+
+import logging
+
+import pytest
+
+from verl_omni.platforms import cpu_patches
+
+
+def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
+    from vllm_omni.diffusion.diffusion_engine import DiffusionEngine
+    from vllm_omni.version import __version__
+
+    assert __version__.startswith(cpu_patches.PATCHED_VLLM_OMNI_VERSIONS)
+    applied = cpu_patches.apply_all()
+    assert set(applied) == set(cpu_patches.PATCHES)
+    dummy_run = DiffusionEngine._dummy_run
+    assert dummy_run.__name__ == "_sized_dummy_run"
+    cpu_patches.apply_all()
+    assert DiffusionEngine._dummy_run is dummy_run
+
+
+def test_patches_are_skipped_with_a_warning_naming_them_on_another_version(caplog):
+    before = sorted(cpu_patches._applied)
+    with caplog.at_level(logging.WARNING, logger=cpu_patches.__name__):
+        applied = cpu_patches.apply_all(installed_version="0.27.0")
+    assert applied == before
+    (record,) = [r for r in caplog.records if r.name == cpu_patches.__name__]
+    message = record.getMessage()
+    assert "found 0.27.0: not applied" in message and "engine_warmup" in message
+    assert "PATCHED_VLLM_OMNI_VERSIONS" in message
+
+
+def test_engine_start_config_carries_size_and_bound_and_refuses_a_non_positive_bound():
+    config = cpu_patches.engine_start_config((32, 48), 90.5, "rollout.engine_start_timeout_s")
+    assert config[cpu_patches.ENGINE_START_KEY] == {
+        "height": 32,
+        "width": 48,
+        "timeout_s": 90.5,
+        "timeout_key": "rollout.engine_start_timeout_s",
+    }
+    with pytest.raises(ValueError, match="rollout.engine_start_timeout_s must be > 0"):
+        cpu_patches.engine_start_config((32, 32), 0, "rollout.engine_start_timeout_s")
+
+
+def test_rollout_engine_bounds_the_start_by_its_setting_and_refuses_a_second_name_for_it(tiny_qwen_image_path):
+    from verl_omni.workers.config.rollout import ENGINE_START_TIMEOUT_KEY
+    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
+
+    rollout = OmniRolloutEngine(str(tiny_qwen_image_path), warmup_size=(32, 32), engine_start_timeout_s=99.5)
+    kwargs = rollout.engine_kwargs
+    assert kwargs["init_timeout"] == kwargs["stage_init_timeout"] == 100
+    assert kwargs["additional_config"][cpu_patches.ENGINE_START_KEY]["timeout_key"] == ENGINE_START_TIMEOUT_KEY
+    with pytest.raises(ValueError, match=r"engine_kwargs.vllm_omni.init_timeout is set by .*engine_start_timeout_s"):
+        OmniRolloutEngine(str(tiny_qwen_image_path), init_timeout=5)
