@@ -25,6 +25,8 @@ def ray_cluster():
     import ray
 
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    from verl_omni.utils.ray_start import init_local_ray
+
+    init_local_ray(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     yield ray
     ray.shutdown()

@@ -24,7 +24,9 @@ def worker_group(tiny_qwen_image_path):
     from verl_omni.workers.engine_workers import DiffusionActorWorker
 
     pythonpath = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+    from verl_omni.utils.ray_start import init_local_ray
+
+    init_local_ray(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
     try:
         config = TrainingWorkerConfig(
             model_type="diffusion_model",

@@ -68,11 +68,10 @@ def init_ray(config: DictConfig, device: str) -> None:
     import ray
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
+    from verl_omni.utils.ray_start import init_local_ray
+
     if ray.is_initialized():
         return
-    # a loaded machine can take longer than Ray's defaults (10-15 s) to start the node and its agents
-    os.environ.setdefault("RAY_agent_register_timeout_ms", "120000")
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
     kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.ray_init).items() if v is not None}
     if device == "cpu" and "address" not in kwargs:
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
@@ -82,7 +81,8 @@ def init_ray(config: DictConfig, device: str) -> None:
             runtime_env["env_vars"][name] = os.environ[name]
     # each Ray worker drops the third-party noise of its imports, as this process does (docs/development.md)
     runtime_env["worker_process_setup_hook"] = "verl_omni.utils.console.quiet_third_party_output"
-    ray.init(runtime_env=runtime_env, include_dashboard=False, **kwargs)
+    # a busy machine can miss Ray's fixed 30 s node start-up wait: bounded attempts (utils/ray_start.py)
+    init_local_ray(runtime_env=runtime_env, include_dashboard=False, **kwargs)
 
 
 def keep_log_level() -> None:

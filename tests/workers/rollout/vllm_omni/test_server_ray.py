@@ -16,10 +16,11 @@ def server(tiny_qwen_image_path):
     import ray
     from verl.workers.rollout.replica import RolloutMode
 
+    from verl_omni.utils.ray_start import init_local_ray
     from verl_omni.workers.config.rollout import DiffusionRolloutConfig
     from verl_omni.workers.rollout.vllm_omni.server import vLLMOmniHttpServer
 
-    ray.init(num_cpus=4, include_dashboard=False)
+    init_local_ray(num_cpus=4, include_dashboard=False)
     actor = (
         ray.remote(vLLMOmniHttpServer)
         .options(max_concurrency=8)
