@@ -277,7 +277,7 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
         samples = [o.output for o in outputs]
         tensors = {"responses": torch.stack([s.diffusion_output for s in samples])}
         if not validate:
-            tensors["rollout_log_probs"] = torch.stack([s.log_probs for s in samples]).float()
+            tensors["rollout_log_probs"] = torch.stack([s.rollout_log_probs for s in samples]).float()
             for key in TRAJECTORY_KEYS:
                 tensors[key] = torch.stack([s.extra_fields[key] for s in samples])
             for key in self.adapter.recorded_keys():

@@ -19,8 +19,7 @@ else shares its transformer batch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -62,6 +61,10 @@ class RolloutRequest:
     def generators(self, device: torch.device) -> list[torch.Generator]:
         """A fresh generator per sample, seeded with the sample's seed."""
         return [torch.Generator(device=device).manual_seed(seed) for seed in self.seeds]
+
+    def sample(self, index: int) -> RolloutRequest:
+        """The request of sample ``index`` alone (a pipeline that denoises one sample at a time)."""
+        return replace(self, seeds=[self.seeds[index]], window_starts=[self.window_starts[index]])
 
     def noise_levels_at(self, step: int) -> list[float]:
         """Each sample's noise level at ``step``: ``noise_level`` inside its window, else 0 (ODE)."""
@@ -114,26 +117,3 @@ def parse_rollout_request(prompt: Any, sampling_params: Any, num_steps: int) -> 
         noise_level=noise_level,
         sde_type=sde_type,
     )
-
-
-def stack_windows(
-    latents: Sequence[list[torch.Tensor]],
-    log_probs: Sequence[list[torch.Tensor]],
-    timesteps: Sequence[list[torch.Tensor]],
-    latent_shape: Sequence[int],
-) -> dict[str, torch.Tensor]:
-    """The trajectory payload of N samples' recorded windows: ``latents`` [N, W+1, *latent_shape],
-    ``log_probs`` [N, W], ``timesteps`` [N, W]; an ODE request (noise level 0) recorded none: W = 0."""
-    n = len(log_probs)
-    if not any(log_probs):
-        return {
-            "latents": torch.empty(n, 0, *latent_shape),
-            "log_probs": torch.empty(n, 0),
-            "timesteps": torch.empty(n, 0),
-        }
-    # recorded on the device (no stall during denoising); the payload travels from the host
-    return {
-        "latents": torch.stack([torch.stack(x) for x in latents]).cpu(),
-        "log_probs": torch.stack([torch.stack(x) for x in log_probs]).cpu(),
-        "timesteps": torch.stack([torch.stack(x) for x in timesteps]).cpu(),
-    }

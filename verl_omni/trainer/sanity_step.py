@@ -4,8 +4,8 @@
 
 What it does, each part checked and reported:
 1. builds the tiny random Qwen-Image once (or loads ``--model-path``);
-2. samples ``n`` images per prompt with the SDE window (diffusers transformer + our scheduler),
-   recording the window's latents, log-probs and timesteps as the rollout engine does;
+2. samples ``n`` images per prompt with the SDE window (diffusers transformer + the rollout's own
+   :class:`~verl_omni.pipelines.recorder.RolloutRecorder`), recording the window as the engine does;
 3. scores them with a stand-in reward that needs no model (mean brightness), computes
    group advantages;
 4. adds a zero-initialized LoRA and replays the recorded transitions: log π_θ must equal the
@@ -25,16 +25,14 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds, QwenImageTrainingAdapter
-from verl_omni.pipelines.schedulers import (
-    FlowMatchSDEDiscreteScheduler,
-    sample_sde_window_start,
-    sde_step_with_logprob,
-    window_noise_levels,
-)
+from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.rollout_request import parse_rollout_request
+from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.workers.utils.replay import ReplaySpec, num_replay_steps, prepare_scheduler, replay_step
@@ -87,37 +85,38 @@ def encode(pipe, prompts: list[str], negative: str | None) -> tuple[PromptEmbeds
 
 @torch.no_grad()
 def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int]) -> dict:
-    """SDE-window sampling of one batch; records the window as the rollout engine must."""
+    """SDE-window sampling of one batch with the rollout's own recorder (diffusers transformer, our step)."""
     adapter = QwenImageTrainingAdapter
-    batch = len(seeds)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    request = parse_rollout_request(
+        {"prompt_token_ids": [0]},
+        SimpleNamespace(
+            num_outputs_per_prompt=len(seeds),
+            seed=None,
+            extra_args={"seeds": seeds, "noise_level": args.noise_level, "sde_window_size": args.window},
+        ),
+        args.steps,
+    )
+    recorder = RolloutRecorder([request], torch.device("cpu"))
     latent_channels = pipe.transformer.config.in_channels // 4
     latents = torch.cat(
-        [pipe.prepare_latents(1, latent_channels, args.size, args.size, torch.float32, "cpu", g) for g in gens]
+        [
+            pipe.prepare_latents(1, latent_channels, args.size, args.size, torch.float32, "cpu", g)
+            for g in recorder.generators
+        ]
     )
     lat_hw = 2 * (args.size // (pipe.vae_scale_factor * 2))
-    img_shapes = adapter.img_shapes(batch, lat_hw, lat_hw)
+    img_shapes = adapter.img_shapes(len(seeds), lat_hw, lat_hw)
     adapter.set_timesteps(scheduler, args.steps, latents.shape[1])
-    starts = [sample_sde_window_start(s, args.steps, args.window, (0, args.steps)) for s in seeds]
-    levels = torch.tensor([window_noise_levels(args.steps, st, args.window, args.noise_level) for st in starts])
-    traj, logps, ts = [[] for _ in seeds], [[] for _ in seeds], [[] for _ in seeds]
-    for i, t in enumerate(scheduler.timesteps):
-        tb = t.expand(batch)
-        v = adapter.predict_velocity(pipe.transformer, latents, tb, prompt, img_shapes, negative, args.cfg)
-        out = sde_step_with_logprob(scheduler, v, tb, latents, levels[:, i], generator=gens)
-        for b in range(batch):
-            if levels[b, i] > 0:
-                if not traj[b]:
-                    traj[b].append(latents[b])
-                traj[b].append(out.prev_sample[b])
-                logps[b].append(out.log_prob[b])
-                ts[b].append(t)
-        latents = out.prev_sample
+    recorder.set_schedule(schedule_sigmas(scheduler), scheduler.timesteps)
+    for t in scheduler.timesteps:
+        v = adapter.predict_velocity(
+            pipe.transformer, latents, t.expand(len(seeds)), prompt, img_shapes, negative, args.cfg
+        )
+        latents = recorder.step(v, latents)
+    (recorded,) = recorder.split()
     return {
         "final_latents": latents,
-        "all_latents": torch.stack([torch.stack(x) for x in traj]),  # [B, W+1, N, C]
-        "log_probs": torch.stack([torch.stack(x) for x in logps]),  # [B, W]
-        "all_timesteps": torch.stack([torch.stack(x) for x in ts]),  # [B, W]
+        **recorded,  # all_latents [B, W+1, N, C], rollout_log_probs [B, W], all_timesteps [B, W], window_start [B]
         "vae_scale_factor": pipe.vae_scale_factor,
         **_embeds_fields(prompt, negative),
     }
@@ -187,7 +186,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     with torch.no_grad():
         replayed = replay_log_probs(transformer, scheduler, rec, args)
-    consistency = (replayed - rec["log_probs"]).abs().max().item()
+    consistency = (replayed - rec["rollout_log_probs"]).abs().max().item()
 
     logger.info("[3/4] %d Flow-GRPO updates on the LoRA", args.updates)
     params = [p for p in transformer.parameters() if p.requires_grad]
@@ -198,13 +197,13 @@ def run(args: argparse.Namespace) -> dict:
         opt.zero_grad()
         logp = replay_log_probs(transformer, scheduler, rec, args)
         loss, metrics = loss_fn(
-            logp.flatten(), rec["log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
+            logp.flatten(), rec["rollout_log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
         )
         loss.backward()
         opt.step()
         losses.append(metrics["pg_loss"])
     with torch.no_grad():
-        delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["log_probs"]).mean(dim=1)
+        delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["rollout_log_probs"]).mean(dim=1)
 
     logger.info("[4/4] writing images and metrics to %s", out)
     save_grid(images, args.n, out / "samples.png")

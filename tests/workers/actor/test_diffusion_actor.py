@@ -35,7 +35,7 @@ def test_kl_without_reference_means_names_the_missing_field(
     rec = recorded_qwen_image_batch[1]
     actor = _actor(tiny_qwen_image_path, ppo_mini_batch_size=4, kl_beta=0.1)
     batch = _batch(rec, torch.ones(4))
-    batch["old_log_probs"] = rec["log_probs"]
+    batch["old_log_probs"] = rec["rollout_log_probs"]
     with pytest.raises(KeyError, match="ref_prev_sample_mean"):
         actor.update_policy(batch, ReplaySpec(**rec["spec"]))
 
@@ -46,7 +46,7 @@ def test_epochs_times_mini_batches_optimizer_steps(process_group, tiny_qwen_imag
     rec = recorded_qwen_image_batch[1]
     actor = _actor(tiny_qwen_image_path, ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True)
     batch = _batch(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-    batch["old_log_probs"] = rec["log_probs"]
+    batch["old_log_probs"] = rec["rollout_log_probs"]
     metrics = actor.update_policy(batch, ReplaySpec(**rec["spec"]))
     steps = {int(state["step"]) for state in actor.engine.optimizer.state.values()}
     assert steps == {4}  # 2 epochs x 2 mini-batches of 2 samples

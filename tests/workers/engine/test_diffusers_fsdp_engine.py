@@ -53,7 +53,7 @@ def test_engine_replay_equals_sanity_step_reference(two_rank, recorded):
     results, _ = two_rank
     rec = recorded[1]
     torch.testing.assert_close(results["old_log_probs"], rec["sanity_log_probs"], rtol=0, atol=1e-5)
-    torch.testing.assert_close(results["old_log_probs"], rec["log_probs"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(results["old_log_probs"], rec["rollout_log_probs"], rtol=0, atol=1e-5)
 
 
 def test_positive_advantages_raise_and_negative_lower_log_probs(two_rank):

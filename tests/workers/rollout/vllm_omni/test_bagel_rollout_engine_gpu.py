@@ -56,7 +56,7 @@ def test_thinker_dit_generates_with_log_probs_per_sample(loop, thinker_dit_engin
     outs = generate(loop, thinker_dit_engine, ids, "gpu-logprobs", n=2)
     assert len(outs) == 2
     for out in outs:
-        assert out.log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.log_probs).all())
+        assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
         assert out.extra_fields["all_latents"].shape[0] == WINDOW + 1
         assert out.extra_fields["all_timesteps"].shape == (WINDOW,)
     assert not torch.equal(outs[0].diffusion_output, outs[1].diffusion_output)

@@ -68,16 +68,13 @@ def _image_to_uint8(image) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
-# trajectory payload entries renamed in the per-sample ``extra_fields`` (the rest keep their names)
-_EXTRA_FIELD_NAMES = {"latents": "all_latents", "timesteps": "all_timesteps"}
-
-
 def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
     """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
 
-    Every rollout pipeline returns the same layout, so nothing here depends on the model: each
-    trajectory entry has N rows; ``log_probs`` becomes the sample's ``log_probs``, the others its
-    ``extra_fields`` (``latents``/``timesteps`` as ``all_latents``/``all_timesteps``).
+    Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
+    uses, plus the model's conditioning), so nothing here depends on the model: each trajectory entry
+    has N rows; ``rollout_log_probs`` becomes the sample's ``rollout_log_probs``, the others its
+    ``extra_fields`` under the same names.
     """
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None:
@@ -90,17 +87,17 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     for name, value in trajectory.items():
         if value.shape[0] != num_outputs_per_prompt:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
-    for name in ("latents", "log_probs", "timesteps"):
+    for name in ("all_latents", "rollout_log_probs", "all_timesteps"):
         if not bool(torch.isfinite(trajectory[name]).all()):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
     outputs = []
     for i, image in enumerate(output.images):
-        extra = {_EXTRA_FIELD_NAMES.get(k, k): v[i] for k, v in trajectory.items() if k != "log_probs"}
+        extra = {k: v[i] for k, v in trajectory.items() if k != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
                 diffusion_output=_image_to_uint8(image),
-                log_probs=trajectory["log_probs"][i],
+                rollout_log_probs=trajectory["rollout_log_probs"][i],
                 extra_fields=extra,
             )
         )
