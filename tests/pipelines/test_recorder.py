@@ -1,13 +1,12 @@
 """The shared rollout recorder: seeded windows, exact ODE steps, per-request split, no host sync while stepping."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from verl_omni.pipelines.recorder import RECORDED_KEYS, RolloutRecorder
-from verl_omni.pipelines.rollout_request import parse_rollout_request
+from verl_omni.pipelines.rollout_request import RolloutRequest
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import (
     FlowMatchSDEDiscreteScheduler,
     ode_step,
@@ -20,11 +19,15 @@ LATENT = (5, 8)
 
 
 def request(seeds, noise_level=0.7, window=2, window_range=None, sde_type="sde"):
-    extra = {"seeds": seeds, "noise_level": noise_level, "sde_window_size": window, "sde_type": sde_type}
-    if window_range is not None:
-        extra["sde_window_range"] = window_range
-    params = SimpleNamespace(num_outputs_per_prompt=len(seeds), seed=None, extra_args=extra)
-    return parse_rollout_request({"prompt_token_ids": [1, 2]}, params, STEPS)
+    spec = SamplingSpec(
+        num_inference_steps=STEPS,
+        noise_level=noise_level,
+        sde_window_size=window,
+        sde_window_range=window_range,
+        sde_type=sde_type,
+        seeds=seeds,
+    )
+    return RolloutRequest.build([1, 2], None, spec)
 
 
 def schedule():

@@ -42,9 +42,9 @@ def actor(process_group, tiny_qwen_image_path):
 
 @pytest.fixture(scope="module")
 def spec():
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
-    return ReplaySpec(STEPS, H, W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG)
+    return SamplingSpec(STEPS, H, W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG)
 
 
 def sample_group(loop, engine, prompts, request_id):

@@ -24,18 +24,19 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds, QwenImageTrainingAdapter
 from verl_omni.pipelines.recorder import RolloutRecorder
-from verl_omni.pipelines.rollout_request import parse_rollout_request
+from verl_omni.pipelines.rollout_request import RolloutRequest
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl_omni.utils.image_grid import save_grid
-from verl_omni.workers.utils.replay import ReplaySpec, num_replay_steps, prepare_scheduler, replay_step
+from verl_omni.workers.utils.replay import num_replay_steps, prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +84,24 @@ def encode(pipe, prompts: list[str], negative: str | None) -> tuple[PromptEmbeds
     return PromptEmbeds(embeds, mask), neg
 
 
+def sampling_spec(args: argparse.Namespace) -> SamplingSpec:
+    """The run's sampling settings, as the trainer's rollout would carry them."""
+    return SamplingSpec(
+        num_inference_steps=args.steps,
+        height=args.size,
+        width=args.size,
+        noise_level=args.noise_level,
+        true_cfg_scale=args.cfg,
+        sde_window_size=args.window,
+    )
+
+
 @torch.no_grad()
 def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int]) -> dict:
     """SDE-window sampling of one batch with the rollout's own recorder (diffusers transformer, our step)."""
     adapter = QwenImageTrainingAdapter
-    request = parse_rollout_request(
-        {"prompt_token_ids": [0]},
-        SimpleNamespace(
-            num_outputs_per_prompt=len(seeds),
-            seed=None,
-            extra_args={"seeds": seeds, "noise_level": args.noise_level, "sde_window_size": args.window},
-        ),
-        args.steps,
-    )
+    # the prompt is encoded by diffusers here: the request only carries the seeds and the spec
+    request = RolloutRequest.build([0], None, replace(sampling_spec(args), seeds=tuple(seeds)))
     recorder = RolloutRecorder([request], torch.device("cpu"))
     latent_channels = pipe.transformer.config.in_channels // 4
     latents = torch.cat(
@@ -146,7 +152,7 @@ def decode(pipe, latents: torch.Tensor, size: int) -> torch.Tensor:
 
 def replay_log_probs(transformer, scheduler, rec, args) -> torch.Tensor:
     """log π_θ of every recorded transition, ``[B, W]``, with grad through the transformer."""
-    spec = ReplaySpec(args.steps, args.size, args.size, args.noise_level, "sde", args.cfg)
+    spec = sampling_spec(args).replay()
     adapter = QwenImageTrainingAdapter
     prepare_scheduler(adapter, scheduler, spec, rec["all_latents"].shape[2])
     steps = range(num_replay_steps(rec))

@@ -34,6 +34,7 @@ def test_sde_step_behind_bagels_convention_is_euler_without_noise_and_records_th
     from verl_omni.pipelines.bagel.rollout_pipeline import BagelSDEStep
     from verl_omni.pipelines.recorder import RolloutRecorder
     from verl_omni.pipelines.rollout_request import RolloutRequest
+    from verl_omni.pipelines.sampling import SamplingSpec
     from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
     scheduler = FlowMatchSDEDiscreteScheduler()
@@ -41,9 +42,8 @@ def test_sde_step_behind_bagels_convention_is_euler_without_noise_and_records_th
     sigmas = scheduler.sigmas
 
     def stepper(window_start: int = 1) -> BagelSDEStep:
-        request = RolloutRequest(
-            [1], None, seeds=[0], window_starts=[window_start], window_size=2, noise_level=0.7, sde_type="sde"
-        )
+        spec = SamplingSpec(num_inference_steps=4, noise_level=0.7, sde_window_size=2, seeds=[0])
+        request = RolloutRequest([1], None, spec, window_starts=[window_start])
         recorder = RolloutRecorder([request], torch.device("cpu"))
         recorder.set_schedule(schedule_sigmas(scheduler), scheduler.timesteps)
         return BagelSDEStep(recorder)

@@ -99,8 +99,9 @@ def test_saved_lora_loads_in_diffusers_and_is_the_trained_policy(two_rank, recor
     from diffusers import QwenImagePipeline
 
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.pipelines.sampling import SamplingSpec
     from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
-    from verl_omni.workers.utils.replay import ReplaySpec, prepare_scheduler, replay_step
+    from verl_omni.workers.utils.replay import prepare_scheduler, replay_step
 
     results, out = two_rank
     rec = recorded[1]
@@ -118,7 +119,7 @@ def test_saved_lora_loads_in_diffusers_and_is_the_trained_policy(two_rank, recor
     assert (image() - base_image).abs().max() > 1e-4
 
     # the loaded LoRA (rank, alpha, tensors) reproduces the engine's policy means after the update
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     scheduler = FlowMatchSDEDiscreteScheduler.from_config(pipe.scheduler.config)
     prepare_scheduler(QwenImageTrainingAdapter, scheduler, spec, rec["all_latents"].shape[2])
     with torch.no_grad():

@@ -11,10 +11,10 @@ behind BAGEL's step convention ``step(velocity, σ, x_t, dt)`` with the request'
 
 A request's prompt is ``{"prompt_token_ids": [...], "negative_prompt_token_ids": [...]}`` (ids of
 ``<|im_start|>`` text ``<|im_end|>``, see :func:`~verl_omni.pipelines.bagel.training_adapter.prompt_token_ids`).
-``num_inference_steps`` counts SDE/ODE transitions (BAGEL's ``num_timesteps`` is one more).
-``true_cfg_scale`` is BAGEL's text-CFG scale; ``extra_args`` may set ``timestep_shift``,
-``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min`` besides the
-Flow-GRPO keys of :mod:`verl_omni.pipelines.rollout_request`.
+The request's :class:`~verl_omni.pipelines.sampling.SamplingSpec` holds the settings:
+``num_inference_steps`` counts SDE/ODE transitions (BAGEL's ``num_timesteps`` is one more),
+``true_cfg_scale`` is BAGEL's text-CFG scale, and ``model_kwargs`` may set ``timestep_shift``,
+``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``.
 
 Per request the output carries, batched over its N samples, the same layout as Qwen-Image's:
 ``image`` (N PIL images) and a ``trajectory`` with ``all_latents`` [N, W+1, S, C] (packed latent
@@ -34,19 +34,17 @@ from vllm_omni.diffusion.models.bagel.bagel_transformer import NaiveCache
 from vllm_omni.diffusion.models.bagel.pipeline_bagel import BagelPipeline
 
 from verl_omni.pipelines.bagel.training_adapter import (
-    DEFAULT_GUIDANCE,
     DEFAULT_TIMESTEP_SHIFT,
     guidance_from,
     set_bagel_schedule,
 )
 from verl_omni.pipelines.recorder import RolloutRecorder, concat_trajectories
 from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CFG_TEXT_SCALE = 4.0
-DEFAULT_NUM_STEPS = 50
 # how far BAGEL's own σ may be from ours at the same step (it computes the schedule on the latents' device)
 SIGMA_TOLERANCE = 1e-4
 
@@ -134,9 +132,9 @@ class BagelPipelineWithLogProb(BagelPipeline):
 
     # ---- one request -------------------------------------------------------------------------
 
-    def _image_shape(self, sampling_params) -> tuple[int, int]:
+    def _image_shape(self, spec: SamplingSpec) -> tuple[int, int]:
         limit = int(self.bagel.max_latent_size * self.bagel.latent_downsample)
-        height, width = int(sampling_params.height or limit), int(sampling_params.width or limit)
+        height, width = spec.height, spec.width
         step = self.bagel.latent_downsample
         if height > limit or width > limit or height % step or width % step:
             raise ValueError(
@@ -185,25 +183,18 @@ class BagelPipelineWithLogProb(BagelPipeline):
         return image, trajectory
 
     @staticmethod
-    def _settings(sampling_params) -> dict:
-        extra = dict(sampling_params.extra_args or {})
-        if "cfg_text_scale" in extra:
-            raise ValueError(
-                "set BAGEL's text-CFG scale with sampling_params.true_cfg_scale, not extra_args['cfg_text_scale']"
-            )
-        text_scale = (
-            sampling_params.true_cfg_scale if sampling_params.true_cfg_scale is not None else DEFAULT_CFG_TEXT_SCALE
-        )
+    def _settings(spec: SamplingSpec) -> dict:
+        """BAGEL's schedule and CFG from the spec (its model_kwargs; the text-CFG scale is ``true_cfg_scale``)."""
         return {
-            "num_steps": int(sampling_params.num_inference_steps or DEFAULT_NUM_STEPS),
-            "timestep_shift": float(extra.get("timestep_shift", DEFAULT_TIMESTEP_SHIFT)),
-            "guidance": guidance_from({k: extra[k] for k in DEFAULT_GUIDANCE if k in extra}, text_scale),
+            "num_steps": spec.num_inference_steps,
+            "timestep_shift": float(spec.model_kwargs.get("timestep_shift", DEFAULT_TIMESTEP_SHIFT)),
+            "guidance": guidance_from(spec.model_kwargs, spec.true_cfg_scale),
         }
 
     def _generate(self, prompt, sampling_params) -> DiffusionOutput:
-        settings = self._settings(sampling_params)
-        request = parse_rollout_request(prompt, sampling_params, settings["num_steps"])
-        shape = self._image_shape(sampling_params)
+        request = parse_rollout_request(prompt, sampling_params)
+        settings = self._settings(request.spec)
+        shape = self._image_shape(request.spec)
         contexts = self._contexts(request, sampling_params)
         images, recorded = [], []
         for i in range(request.num_samples):

@@ -28,7 +28,6 @@ import torch
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
 from vllm_omni.diffusion.models.qwen_image.rope_utils import txt_seq_lens_from_embeds
-from vllm_omni.diffusion.utils.size_utils import normalize_min_aligned_size
 
 from verl_omni.pipelines.qwen_image.rollout_request import (
     QWEN_IMAGE_PROMPT_DROP_TOKENS,
@@ -36,11 +35,11 @@ from verl_omni.pipelines.qwen_image.rollout_request import (
     parse_rollout_request,
 )
 from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TRUE_CFG_SCALE = 4.0
 # images per VAE decode call: a transformer batch holds n x requests images (128 in a 512² recipe
 # step), too many for one decode beside a colocated actor; one at a time is slower than the stock
 # pipeline's one call per request
@@ -59,15 +58,19 @@ class Conditioning:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """What one transformer batch runs with: shared shape/schedule/CFG, and its requests in order."""
+    """What one transformer batch runs with: its requests in order, the spec they share, whether CFG runs."""
 
     requests: list[RolloutRequest]
-    height: int
-    width: int
-    num_steps: int
-    cfg_scale: float
+    spec: SamplingSpec
     do_true_cfg: bool
-    sde_type: str
+
+    @property
+    def height(self) -> int:
+        return self.spec.height
+
+    @property
+    def width(self) -> int:
+        return self.spec.width
 
 
 class QwenImageLogProbPipeline(QwenImagePipeline):
@@ -125,37 +128,14 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
 
     # ---- the request batch -------------------------------------------------------------------
 
-    @staticmethod
-    def _common_value(sampling_params_list, name: str):
-        values = {getattr(sp, name) for sp in sampling_params_list}
-        if len(values) > 1:
-            raise ValueError(f"requests batched together must share sampling_params.{name}, got {sorted(values)}")
-        return values.pop()
-
     def _batch_settings(self, req) -> BatchSettings:
-        """Settings the requests of one transformer batch must share, and each request's own."""
-        sps = req.sampling_params_list
-        height = self._common_value(sps, "height") or self.default_sample_size * self.vae_scale_factor
-        width = self._common_value(sps, "width") or self.default_sample_size * self.vae_scale_factor
-        height, width = normalize_min_aligned_size(height, width, self.vae_scale_factor * 2)
-        num_steps = self._common_value(sps, "num_inference_steps") or 50
-        cfg_scale = self._common_value(sps, "true_cfg_scale") or DEFAULT_TRUE_CFG_SCALE
-        requests = [parse_rollout_request(p, sp, num_steps) for p, sp in zip(req.prompts, sps, strict=True)]
-        sde_types = {r.sde_type for r in requests}
-        if len(sde_types) > 1:
-            raise ValueError(f"requests batched together must share extra_args['sde_type'], got {sorted(sde_types)}")
+        """Each request resolved per sample, and the settings the requests of one transformer batch share."""
+        requests = [parse_rollout_request(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
+        spec = shared_spec([r.spec for r in requests])
         with_neg = {r.negative_prompt_token_ids is not None for r in requests}
         if len(with_neg) > 1:
             raise ValueError("requests batched together must all have, or all lack, negative_prompt_token_ids")
-        return BatchSettings(
-            requests=requests,
-            height=height,
-            width=width,
-            num_steps=num_steps,
-            cfg_scale=cfg_scale,
-            do_true_cfg=with_neg.pop() and cfg_scale > 1,
-            sde_type=sde_types.pop(),
-        )
+        return BatchSettings(requests=requests, spec=spec, do_true_cfg=with_neg.pop() and spec.uses_cfg)
 
     def forward(self, req) -> list[DiffusionOutput]:
         """Denoise all requests of ``req`` in one transformer batch and return one output per request."""
@@ -184,7 +164,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             self.device,
             recorder.generators,
         )
-        timesteps, _ = self.prepare_timesteps(settings.num_steps, None, latents.shape[1])
+        timesteps, _ = self.prepare_timesteps(settings.spec.num_inference_steps, None, latents.shape[1])
         self._num_timesteps = len(timesteps)
         recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
 
@@ -229,7 +209,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             )
             noise_pred = self.predict_noise_maybe_with_cfg(
                 settings.do_true_cfg,
-                settings.cfg_scale,
+                settings.spec.true_cfg_scale,
                 positive,
                 negative,
                 cfg_normalize=True,

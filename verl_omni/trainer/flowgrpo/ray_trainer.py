@@ -358,7 +358,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
         # a key the rollout did not record is reported by the actor's replay check, naming it
         keys = [k for k in self.replay_keys if k in batch.batch.keys()] + list(extra)
-        return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["replay_spec"])
+        return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["sampling_spec"])
 
     # ---- validation, metrics, logging ------------------------------------------------------
 

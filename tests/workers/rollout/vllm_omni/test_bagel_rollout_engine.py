@@ -9,7 +9,7 @@ import pytest
 import torch
 from bagel_helpers import replay_diff
 
-from verl_omni.workers.utils.replay import ReplaySpec
+from verl_omni.pipelines.sampling import SamplingSpec
 
 H = W = 32
 STEPS = 4
@@ -78,7 +78,7 @@ def test_same_seed_reproduces_the_sample(loop, bagel_engine, bagel_prompts, reco
 
 
 def _replay(model_path, outputs, lora=None, autocast=False) -> float:
-    return replay_diff(model_path, outputs, ReplaySpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
+    return replay_diff(model_path, outputs, SamplingSpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
 
 
 def test_replay_reproduces_rollout_log_probs(recorded, tiny_bagel_path):
