@@ -157,6 +157,9 @@ class SamplingSpec:
     def for_model(self, adapter, model: str = "") -> SamplingSpec:
         """Refuse what ``adapter``'s model cannot honour, naming the key, the model and the allowed values."""
         name = f"{adapter.__name__}" + (f" ({model})" if model else "")
+        missing = [fact for fact in ("latent_multiple", "guidance_style") if not hasattr(adapter, fact)]
+        if missing:
+            raise TypeError(f"{adapter.__name__} must declare the model facts {missing} (see ModelAdapter)")
         multiple = adapter.latent_multiple
         for key in ("height", "width"):
             value = getattr(self, key)

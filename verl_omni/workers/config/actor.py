@@ -63,6 +63,12 @@ class DiffusionActorConfig(BaseConfig):
                 f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}"
             )
 
+    @property
+    def old_log_prob_key(self) -> str:
+        """The batch key the loss reads log π_old from: the rollout's own ``rollout_log_probs`` (bypass) or the
+        actor's recomputed ``old_log_probs`` (a different tensor, hence a different name)."""
+        return "rollout_log_probs" if self.use_rollout_log_probs else "old_log_probs"
+
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size."""
         if self.ppo_mini_batch_size % dp_size:
