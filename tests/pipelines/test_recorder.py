@@ -153,3 +153,40 @@ def test_misuse_is_refused_with_the_reason():
         recorder.step(torch.zeros(2, *LATENT), torch.zeros(2, *LATENT))
     with pytest.raises(ValueError, match="sde_type"):
         RolloutRecorder([request([1]), request([2], sde_type="cps")], torch.device("cpu"))
+
+
+class _StockLoop:
+    """vLLM-Omni's own stepping (SD3 / FLUX: ``scheduler_step_maybe_with_cfg`` → ``self.scheduler.step``), on the
+    real mixin, with the schedule set the stock way."""
+
+    def __init__(self):
+        from vllm_omni.diffusion.distributed.cfg_parallel import CFGParallelMixin
+
+        class Pipeline(CFGParallelMixin):
+            pass
+
+        self.pipeline = Pipeline()
+        self.pipeline.scheduler = FlowMatchSDEDiscreteScheduler(shift=3.0)
+        self.pipeline.scheduler.set_timesteps(STEPS)
+
+    def run(self, latents: torch.Tensor) -> torch.Tensor:
+        for t in self.pipeline.scheduler.timesteps:
+            latents = self.pipeline.scheduler_step_maybe_with_cfg(velocity(latents), t, latents, False)
+        return latents
+
+
+def test_a_stock_loop_records_through_the_recording_scheduler_as_the_recorder_itself_would():
+    reqs = [request([3, 11]), request([42], sde_type="sde")]
+    direct_latents, direct = denoise(reqs)
+    stock = _StockLoop()
+    original = stock.pipeline.scheduler
+    recorder = RolloutRecorder(reqs, torch.device("cpu"))
+    latents = torch.cat([torch.randn(1, *LATENT, generator=g) for g in recorder.generators])
+    with recorder.recording(stock.pipeline):
+        assert stock.pipeline.scheduler.timesteps is original.timesteps  # everything but step is the scheduler's
+        latents = stock.run(latents)
+    assert stock.pipeline.scheduler is original
+    assert torch.equal(latents, direct_latents)
+    for mine, theirs in zip(recorder.split(), direct.split(), strict=True):
+        for key in RECORDED_KEYS:
+            assert torch.equal(mine[key], theirs[key]), key

@@ -9,9 +9,7 @@ them out split per request. Stepping never reads a value back to the host: the �
 levels and the window masks are on the latents' device, and which sample is inside its window at
 which step is known on the host from the seeds alone.
 
-A pipeline uses it in four calls (vLLM-Omni's SD3 / FLUX / Z-Image pipelines step with
-``latents = self.scheduler_step_maybe_with_cfg(noise_pred, t, latents, do_true_cfg)``; a
-subclass overrides that method to return ``self.recorder.step(noise_pred, latents)``)::
+A pipeline that writes its own loop uses it in four calls::
 
     recorder = RolloutRecorder(requests, device)              # seeds, generators, windows
     latents = self.prepare_latents(..., recorder.generators)  # per-sample initial noise
@@ -19,6 +17,13 @@ subclass overrides that method to return ``self.recorder.step(noise_pred, latent
     for t in timesteps:                                       # the model's own loop and CFG
         latents = recorder.step(noise_pred, latents)
     trajectories = recorder.split()                           # one dict per request, on the host
+
+A pipeline that keeps vLLM-Omni's own loop (SD3 and FLUX step through
+``scheduler_step_maybe_with_cfg`` → ``self.scheduler.step(...)``, Z-Image through
+``self.scheduler.step(...)``) runs it inside ``with recorder.recording(self):``, which puts a
+:class:`RecordingScheduler` in front of ``self.scheduler`` for the call: its ``step`` is the
+recorder's, the schedule is read from the real scheduler at the first step, and everything else
+(``set_timesteps``, ``sigmas``, ...) is the real scheduler's.
 
 The recorded tensors carry the names the trainer's batch and the loss use (one name end to
 end): ``all_latents`` ``[N, W+1, ...]``, ``rollout_log_probs`` ``[N, W]``, ``all_timesteps``
@@ -28,13 +33,16 @@ end): ``all_latents`` ``[N, W+1, ...]``, ``rollout_log_probs`` ``[N, W]``, ``all
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import torch
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteSchedulerOutput
 from diffusers.utils.torch_utils import randn_tensor
 
 from verl_omni.pipelines.rollout_request import RolloutRequest
-from verl_omni.pipelines.schedulers.flow_match_sde import ode_step, sde_transition, step_dts
+from verl_omni.pipelines.schedulers.flow_match_sde import ode_step, schedule_sigmas, sde_transition, step_dts
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +175,17 @@ class RolloutRecorder:
             noise[i] = randn_tensor(shape, generator=self.generators[i], device=noise.device, dtype=noise.dtype)[0]
         return noise
 
+    @contextmanager
+    def recording(self, pipeline: Any, attribute: str = "scheduler") -> Iterator[RolloutRecorder]:
+        """Inside the block, ``pipeline.<attribute>.step`` is this recorder's (:class:`RecordingScheduler`);
+        the pipeline's own scheduler is put back afterwards, also on errors."""
+        original = getattr(pipeline, attribute)
+        setattr(pipeline, attribute, RecordingScheduler(original, self))
+        try:
+            yield self
+        finally:
+            setattr(pipeline, attribute, original)
+
     # ---- the recorded trajectories ---------------------------------------------------------------
 
     def rows(self) -> list[range]:
@@ -201,6 +220,30 @@ class RolloutRecorder:
             }
         out["window_start"] = torch.tensor(request.window_starts)
         return out
+
+
+class RecordingScheduler:
+    """A pipeline's scheduler whose ``step`` is a :class:`RolloutRecorder`'s (see :meth:`RolloutRecorder.recording`).
+
+    ``step(model_output, timestep, sample, ..., return_dict=True)`` has diffusers' flow-match signature, so a
+    stock denoising loop runs unchanged; the recorder takes its schedule from the wrapped scheduler (σ and
+    timesteps, as its ``set_timesteps`` left them) at the first step unless it was set already. Every other
+    attribute is the wrapped scheduler's.
+    """
+
+    def __init__(self, scheduler: Any, recorder: RolloutRecorder):
+        self._scheduler = scheduler
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+    def step(self, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor, *args, return_dict=True, **kwargs):
+        recorder = self._recorder
+        if recorder.sigmas is None:
+            recorder.set_schedule(schedule_sigmas(self._scheduler, sample.device), self._scheduler.timesteps)
+        prev = recorder.step(model_output, sample)
+        return FlowMatchEulerDiscreteSchedulerOutput(prev_sample=prev) if return_dict else (prev,)
 
 
 def concat_trajectories(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
