@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
 from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
-from verl_omni.workers.utils.replay import ReplaySpec, prepare_scheduler, replay_step
+from verl_omni.workers.utils.replay import prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def shard_like_engine(model, device: torch.device, dtype: torch.dtype) -> None:
     fully_shard(model, mp_policy=policy)
 
 
-def make_batch(model, spec: ReplaySpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
+def make_batch(model, spec: SamplingSpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
     """Random recorded transitions at the first scheduled step, shaped as the rollout records them."""
     cells = spec.height // (2 * vae_scale_factor) * (spec.width // (2 * vae_scale_factor))
     channels, text_dim = model.config.in_channels, model.config.joint_attention_dim
@@ -119,7 +120,7 @@ def make_batch(model, spec: ReplaySpec, batch: int, text_len: int, vae_scale_fac
     return fields
 
 
-def fwd_bwd(model, scheduler, batch: dict, spec: ReplaySpec, vae_scale_factor: int, dtype: torch.dtype) -> None:
+def fwd_bwd(model, scheduler, batch: dict, spec: SamplingSpec, vae_scale_factor: int, dtype: torch.dtype) -> None:
     with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=dtype != torch.float32):
         out = replay_step(ADAPTER, model, scheduler, batch, 0, spec, vae_scale_factor)
     out.log_prob.mean().backward()
@@ -228,7 +229,7 @@ def main(argv=None) -> list[dict]:
         raise SystemExit("--full-size needs a CUDA device (the transformer alone is ~40 GB in bf16)")
     dtype = torch.bfloat16 if args.full_size else torch.float32
     size = args.size or (512 if args.full_size else 64)
-    spec = ReplaySpec(num_inference_steps=10, height=size, width=size, noise_level=0.7, true_cfg_scale=args.cfg)
+    spec = SamplingSpec(num_inference_steps=10, height=size, width=size, noise_level=0.7, true_cfg_scale=args.cfg)
     scheduler = FlowMatchSDEDiscreteScheduler(**QWEN_IMAGE_SCHEDULER_CONFIG)
     with tempfile.TemporaryDirectory(prefix="tiny_qwen_image_") as tmp:
         model_path = args.model_path

@@ -68,7 +68,7 @@ def record_batch(model_path, out_file) -> dict:
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
     from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
     from verl_omni.trainer import sanity_step
-    from verl_omni.workers.utils.replay import ReplaySpec, prepare_scheduler, replay_step
+    from verl_omni.workers.utils.replay import prepare_scheduler, replay_step
 
     args = sanity_step.parse_args(["--model-path", str(model_path), *SAMPLING_ARGS])
     pipe = QwenImagePipeline.from_pretrained(model_path)
@@ -77,7 +77,7 @@ def record_batch(model_path, out_file) -> dict:
     prompt, negative = sanity_step.encode(pipe, prompts, " ")
     seeds = [args.seed * 1000 + i for i in range(len(prompts))]
     rec = sanity_step.sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds)
-    spec = ReplaySpec(args.steps, args.size, args.size, args.noise_level, "sde", args.cfg)
+    spec = sanity_step.sampling_spec(args).replay()
     with torch.no_grad():
         rec["sanity_log_probs"] = sanity_step.replay_log_probs(pipe.transformer, scheduler, rec, args)
         prepare_scheduler(QwenImageTrainingAdapter, scheduler, spec, rec["all_latents"].shape[2])
@@ -86,7 +86,7 @@ def record_batch(model_path, out_file) -> dict:
             for j in range(rec["all_timesteps"].shape[1])
         ]
     rec["base_prev_sample_mean"] = torch.stack([m.prev_sample_mean for m in means], dim=1)
-    rec["spec"] = {k: getattr(spec, k) for k in spec.__dataclass_fields__}
+    rec["spec"] = spec.to_dict()
     torch.save(rec, out_file)
     return rec
 

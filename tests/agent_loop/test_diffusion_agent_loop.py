@@ -184,7 +184,8 @@ def test_output_follows_the_contract(batched_run):
     assert output.non_tensor_batch["num_turns"].tolist() == [2] * b
     assert output.non_tensor_batch["uid"].tolist() == [u for u in UIDS for _ in range(N)]
     assert output.non_tensor_batch["data_source"].tolist() == ["unit"] * b
-    assert output.meta_info["replay_spec"] == {
+    # the rollout's spec (the model's default CFG resolved), without the per-request seeds
+    assert output.meta_info["sampling_spec"] == {
         "num_inference_steps": 3,
         "height": 32,
         "width": 32,
@@ -192,6 +193,10 @@ def test_output_follows_the_contract(batched_run):
         "sde_type": "sde",
         "true_cfg_scale": 4.0,
         "model_kwargs": {},
+        "guidance_scale": None,
+        "sde_window_size": 2,
+        "sde_window_range": None,
+        "seeds": [],
     }
     assert all(k.startswith("agent_loop/") for k in output.meta_info["timing"])
 

@@ -52,7 +52,7 @@ def _data(rec: dict):
 
     keys = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
     keys += ("negative_prompt_embeds", "negative_prompt_embeds_mask")
-    return DataProto.from_dict(tensors={k: rec[k] for k in keys}, meta_info={"replay_spec": rec["spec"]})
+    return DataProto.from_dict(tensors={k: rec[k] for k in keys}, meta_info={"sampling_spec": rec["spec"]})
 
 
 def test_worker_group_replays_updates_exports_and_saves(worker_group, recorded_qwen_image_batch, tmp_path):

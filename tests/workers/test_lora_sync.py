@@ -42,9 +42,9 @@ def actor(process_group, tiny_qwen_image_path):
 
 @pytest.fixture(scope="module")
 def spec():
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
-    return ReplaySpec(STEPS, H, W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG)
+    return SamplingSpec(STEPS, H, W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG)
 
 
 def sample_group(loop, engine, prompts, request_id):
@@ -70,7 +70,7 @@ def actor_batch(outputs, advantages) -> TensorDict:
 def test_actor_replays_rollout_then_synced_rollout_reproduces_actor(loop, engine, prompts, actor, spec):
     # 1. the rollout samples a group; the actor (zero-initialized LoRA = base model) replays it
     before = sample_group(loop, engine, prompts, "sync-before")
-    rollout_lp = torch.stack([o.log_probs for o in before])
+    rollout_lp = torch.stack([o.rollout_log_probs for o in before])
     batch = actor_batch(before, torch.tensor([1.0, -1.0, 1.0, -1.0]))
     actor_lp = actor.compute_log_prob(batch, spec)
     diff_before = (actor_lp - rollout_lp).abs().max().item()
@@ -92,7 +92,7 @@ def test_actor_replays_rollout_then_synced_rollout_reproduces_actor(loop, engine
     # 4. same seeds, new images; the actor reproduces the synced rollout's log-probs
     after = sample_group(loop, engine, prompts, "sync-after")
     assert any(not torch.equal(a.diffusion_output, b.diffusion_output) for a, b in zip(before, after, strict=True))
-    synced_lp = torch.stack([o.log_probs for o in after])
+    synced_lp = torch.stack([o.rollout_log_probs for o in after])
     replayed = actor.compute_log_prob(actor_batch(after, torch.zeros(N)), spec)
     diff_after = (replayed - synced_lp).abs().max().item()
     print(f"max |log π_actor − log π_rollout| after the LoRA sync: {diff_after:.2e}")

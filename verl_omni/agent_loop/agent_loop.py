@@ -151,6 +151,9 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
         self.model_config = omega_conf_to_dataclass(config.actor_rollout_ref.model)
         self.tokenizer = self.model_config.tokenizer
         self.adapter = self.model_config.adapter
+        model = f"model.path={config.actor_rollout_ref.model.path}"
+        # training and validation specs, resolved for the model once
+        self.sampling_specs = {v: self.rollout_config.sampling_spec(v, self.adapter, model) for v in (False, True)}
         self.processor = None
         self._logged_reasons: set[str] = set()
         agent_loop_config_path = self.rollout_config.agent.agent_loop_config_path
@@ -159,23 +162,9 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
                 _agent_loop_registry[agent_loop_config.name] = agent_loop_config
 
     def sampling_params(self, validate: bool) -> dict[str, Any]:
-        """The request's sampling keys from the config (the model's ``model_kwargs`` included); validation
-        samples the ODE when ``val_noise_level`` is 0."""
-        cfg = self.rollout_config
-        params = {
-            "height": cfg.height,
-            "width": cfg.width,
-            "num_inference_steps": cfg.num_inference_steps,
-            "true_cfg_scale": cfg.true_cfg_scale,
-            "sde_type": cfg.sde_type,
-            "noise_level": cfg.noise_level,
-            "sde_window_size": cfg.sde_window_size,
-            "sde_window_range": cfg.window_range,
-            **cfg.model_kwargs,
-        }
-        if validate:
-            params["noise_level"] = cfg.val_noise_level
-        return params
+        """The request's sampling settings: the :class:`SamplingSpec` fields, resolved for the model (validation
+        samples with ``val_noise_level``, the ODE when it is 0); each request adds its samples' ``seeds``."""
+        return self.sampling_specs[validate].request_params()
 
     async def generate_sequences(self, batch: DataProto) -> DataProto:
         """Generate one sample per row of ``batch`` (a chunk of the trainer's batch, groups intact).
@@ -277,7 +266,7 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
         samples = [o.output for o in outputs]
         tensors = {"responses": torch.stack([s.diffusion_output for s in samples])}
         if not validate:
-            tensors["rollout_log_probs"] = torch.stack([s.log_probs for s in samples]).float()
+            tensors["rollout_log_probs"] = torch.stack([s.rollout_log_probs for s in samples]).float()
             for key in TRAJECTORY_KEYS:
                 tensors[key] = torch.stack([s.extra_fields[key] for s in samples])
             for key in self.adapter.recorded_keys():
@@ -312,18 +301,10 @@ class DiffusionAgentLoopManager(AgentLoopManager):
         self.diffusion_config = diffusion_rollout_config(config)
         self.adapter = get_training_adapter(config.actor_rollout_ref.model.path)
 
-    def replay_spec(self) -> dict[str, Any]:
-        """The fields of ``ReplaySpec`` the actor replays this rollout with."""
-        cfg = self.diffusion_config
-        return {
-            "num_inference_steps": cfg.num_inference_steps,
-            "height": cfg.height,
-            "width": cfg.width,
-            "noise_level": cfg.noise_level,
-            "sde_type": cfg.sde_type,
-            "true_cfg_scale": cfg.true_cfg_scale,
-            "model_kwargs": dict(cfg.model_kwargs),
-        }
+    def sampling_spec(self) -> dict[str, Any]:
+        """The training :class:`SamplingSpec` (as a dict, seeds dropped) the actor replays this rollout with."""
+        model = f"model.path={self.config.actor_rollout_ref.model.path}"
+        return self.diffusion_config.sampling_spec(False, self.adapter, model).replay().to_dict()
 
     def split(self, prompts: DataProto, group_size: int) -> list[DataProto]:
         """One contiguous chunk per worker at most, groups of ``group_size`` rows kept whole; each knows its offset."""
@@ -354,7 +335,7 @@ class DiffusionAgentLoopManager(AgentLoopManager):
         output.meta_info = {
             **output.meta_info,
             "timing": self._performance_metrics(metrics, output),
-            "replay_spec": self.replay_spec(),
+            "sampling_spec": self.sampling_spec(),
         }
         return output
 

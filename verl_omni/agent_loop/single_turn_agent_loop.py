@@ -35,17 +35,18 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
     """Text-to-image in a single turn: the row's prompt through the model adapter's prompt template, then one request.
 
     The prompt is ``raw_prompt`` (a string, or chat messages whose last user turn is the prompt);
-    with ``true_cfg_scale > 1`` the negative prompt is the row's ``negative_prompt`` or the
+    with the spec's ``true_cfg_scale > 1`` the negative prompt is the row's ``negative_prompt`` or the
     config's. Requests are routed on the row's ``server_routing.routing_key_field`` (``uid``).
     """
 
     supports_batched = True
 
-    def prompt_request(self, kwargs: dict[str, Any]) -> PromptRequest:
+    def prompt_request(self, kwargs: dict[str, Any], sampling_params: dict[str, Any]) -> PromptRequest:
+        """``sampling_params`` is the request's resolved :class:`SamplingSpec` dict: CFG sends the negative prompt."""
         cfg = self.rollout_config
         prompt_ids = self.adapter.prompt_token_ids(self.tokenizer, prompt_text(kwargs["raw_prompt"], "raw_prompt"))
         negative_ids = None
-        if cfg.true_cfg_scale > 1:
+        if sampling_params["true_cfg_scale"] > 1:
             negative = kwargs.get("negative_prompt")
             negative = cfg.negative_prompt if negative is None else negative
             negative_ids = self.adapter.prompt_token_ids(self.tokenizer, negative)
@@ -62,7 +63,7 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> DiffusionAgentLoopOutput:
-        request = self.prompt_request(kwargs)
+        request = self.prompt_request(kwargs, sampling_params)
         metrics: dict[str, float] = {}
         with simple_timer("generate_sequences", metrics):
             sample = await self.server_manager.generate(
@@ -77,7 +78,7 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
     async def run_batched(
         self, sampling_params: dict[str, Any], num_outputs: int, **kwargs
     ) -> list[DiffusionAgentLoopOutput]:
-        request = self.prompt_request(kwargs)
+        request = self.prompt_request(kwargs, sampling_params)
         metrics: dict[str, float] = {}
         with simple_timer("generate_sequences", metrics):
             samples = await self.server_manager.generate_batched(

@@ -80,10 +80,15 @@ class ModelAdapter:
         rollout_name_map (`tuple[tuple[str, str]]`): ``(training, rollout)`` name fragments, applied to
             ``.``-delimited names in order, that turn a trained module name into the rollout's.
         sampling_keys (`tuple[str]`): model-specific sampling settings the rollout pipeline and the replay
-            read (``rollout.model_kwargs``, sent as request ``extra_args`` and as ``ReplaySpec.model_kwargs``).
+            read (``rollout.model_kwargs``, sent as request ``extra_args`` and as ``SamplingSpec.model_kwargs``).
         tokenizer_subfolder (`str`): folder of the checkpoint holding the prompt tokenizer ('' = its root).
         rollout_dtype (`str` or None): the dtype vLLM-Omni's pipeline of this model computes in on every
             device, whatever the rollout config says; None: the configured dtype (fp32 on CPU).
+        latent_multiple (`int`): image sides must be multiples of it (VAE downsampling x latent patch size).
+        guidance_style (`str`): ``"true_cfg"`` (negative prompt, rescaled), ``"cfg"`` (classic, negative prompt)
+            or ``"distilled"`` (a guidance embedding, one pass per step); see :mod:`verl_omni.pipelines.sampling`.
+        default_true_cfg_scale (`float`): ``true_cfg_scale`` when the config leaves it null (<= 1: no CFG).
+        default_guidance_scale (`float` or None): ``guidance_scale`` when the config leaves it null (distilled only).
     """
 
     rollout_pipeline: ClassVar[str]
@@ -97,6 +102,10 @@ class ModelAdapter:
     sampling_keys: ClassVar[tuple[str, ...]] = ()
     tokenizer_subfolder: ClassVar[str] = ""
     rollout_dtype: ClassVar[str | None] = None
+    latent_multiple: ClassVar[int]
+    guidance_style: ClassVar[str]
+    default_true_cfg_scale: ClassVar[float] = 1.0
+    default_guidance_scale: ClassVar[float | None] = None
 
     # ---- prompts -------------------------------------------------------------------------------
 

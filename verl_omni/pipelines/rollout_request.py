@@ -1,36 +1,26 @@
 """What one rollout request asks of a log-prob pipeline, parsed and checked before any model work.
 
 Shared by every model's rollout pipeline. A request's prompt is a dict with ``prompt_token_ids``
-(the model's prompt template already applied, see each model's ``prompt_token_ids`` helper),
-optional ``negative_prompt_token_ids`` (CFG), and in ``sampling_params.extra_args`` the
-Flow-GRPO knobs below. Every sample gets its own seed: it
-seeds the sample's SDE window and its noise generator, so a sample is reproducible whatever
-else shares its transformer batch.
-
-``extra_args`` keys (all optional):
-    sde_type (`str`, ``"sde"``): ``"sde"`` or ``"cps"``.
-    noise_level (`float`, 0.7): a > 0 inside the SDE window; 0 samples the deterministic ODE and
-        records no transition (validation).
-    sde_window_size (`int`, 2): W, the number of stochastic, recorded steps.
-    sde_window_range (`[int, int]`, ``[0, num_steps]``): steps the window may cover.
-    seeds (`list[int]`, ``[seed + i for i < N]``): one seed per output sample.
+(the model's prompt template already applied, see each model's ``prompt_token_ids`` helper) and
+optional ``negative_prompt_token_ids`` (CFG); its sampling settings are one
+:class:`~verl_omni.pipelines.sampling.SamplingSpec` (``extra_args['sampling_spec']``, put there by
+the engine's ``build_sampling_params``). Every sample gets its own seed: it seeds the sample's SDE
+window and its noise generator, so a sample is reproducible whatever else shares its transformer
+batch.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from verl_omni.pipelines.schedulers.flow_match_sde import SDE_TYPES, sample_sde_window_start
+from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.schedulers.flow_match_sde import sample_sde_window_start
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_NOISE_LEVEL = 0.7
-DEFAULT_WINDOW_SIZE = 2
 
 
 @dataclass(frozen=True)
@@ -40,32 +30,54 @@ class RolloutRequest:
     Args:
         prompt_token_ids (`list[int]`): templated prompt ids.
         negative_prompt_token_ids (`list[int]` or None): templated negative prompt ids; None means no negative prompt.
-        seeds (`list[int]`, length N): one seed per output sample.
-        window_starts (`list[int]`, length N): first SDE step of each sample.
-        window_size (`int`): W.
-        noise_level (`float`): a inside the window.
-        sde_type (`str`): ``"sde"`` or ``"cps"``.
+        spec (`SamplingSpec`): the request's sampling settings, ``seeds`` holding one seed per sample.
+        window_starts (`list[int]`, length N): first SDE step of each sample (seeded, in ``spec.window_range``).
     """
 
     prompt_token_ids: list[int]
     negative_prompt_token_ids: list[int] | None
-    seeds: list[int]
+    spec: SamplingSpec
     window_starts: list[int]
-    window_size: int
-    noise_level: float
-    sde_type: str
+
+    @classmethod
+    def build(cls, prompt_token_ids: list[int], negative_prompt_token_ids: list[int] | None, spec: SamplingSpec):
+        """The request of ``spec.seeds`` samples, each window placed by its seed."""
+        if not spec.seeds:
+            raise ValueError("a rollout request needs one seed per sample (SamplingSpec.seeds is empty)")
+        starts = [
+            sample_sde_window_start(seed, spec.num_inference_steps, spec.sde_window_size, spec.window_range)
+            for seed in spec.seeds
+        ]
+        return cls(list(prompt_token_ids), negative_prompt_token_ids, spec, starts)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        return self.spec.seeds
 
     @property
     def num_samples(self) -> int:
-        return len(self.seeds)
+        return len(self.spec.seeds)
+
+    @property
+    def window_size(self) -> int:
+        return self.spec.sde_window_size
+
+    @property
+    def noise_level(self) -> float:
+        return self.spec.noise_level
+
+    @property
+    def sde_type(self) -> str:
+        return self.spec.sde_type
 
     def generators(self, device: torch.device) -> list[torch.Generator]:
         """A fresh generator per sample, seeded with the sample's seed."""
         return [torch.Generator(device=device).manual_seed(seed) for seed in self.seeds]
 
-    def noise_levels_at(self, step: int) -> list[float]:
-        """Each sample's noise level at ``step``: ``noise_level`` inside its window, else 0 (ODE)."""
-        return [self.noise_level if start <= step < start + self.window_size else 0.0 for start in self.window_starts]
+    def sample(self, index: int) -> RolloutRequest:
+        """The request of sample ``index`` alone (a pipeline that denoises one sample at a time)."""
+        spec = replace(self.spec, seeds=(self.seeds[index],))
+        return replace(self, spec=spec, window_starts=[self.window_starts[index]])
 
 
 def _token_ids(value: Any, name: str, allow_empty: bool = False) -> list[int]:
@@ -75,8 +87,8 @@ def _token_ids(value: Any, name: str, allow_empty: bool = False) -> list[int]:
     return list(value)
 
 
-def parse_rollout_request(prompt: Any, sampling_params: Any, num_steps: int) -> RolloutRequest:
-    """Check one request's prompt and ``extra_args`` and resolve its per-sample seeds and windows."""
+def parse_rollout_request(prompt: Any, sampling_params: Any) -> RolloutRequest:
+    """Check one request's prompt and sampling spec and resolve its per-sample seeds and windows."""
     if not isinstance(prompt, dict) or "prompt_token_ids" not in prompt:
         raise ValueError(
             "the rollout pipeline takes token ids: prompt must be a dict with 'prompt_token_ids' "
@@ -86,54 +98,13 @@ def parse_rollout_request(prompt: Any, sampling_params: Any, num_steps: int) -> 
     negative = prompt.get("negative_prompt_token_ids")
     negative_ids = None if negative is None else _token_ids(negative, "negative_prompt_token_ids", allow_empty=True)
 
-    extra = dict(sampling_params.extra_args or {})
+    spec = SamplingSpec.from_sampling_params(sampling_params)
     num_samples = max(int(sampling_params.num_outputs_per_prompt or 1), 1)
-    seeds = extra.get("seeds")
-    if seeds is None:
+    seeds = spec.seeds
+    if not seeds:
         if sampling_params.seed is None:
-            raise ValueError("sampling_params.seed (or extra_args['seeds']) is required: rollouts are seeded")
-        seeds = [int(sampling_params.seed) + i for i in range(num_samples)]
+            raise ValueError("sampling_params.seed (or the spec's seeds) is required: rollouts are seeded")
+        seeds = tuple(int(sampling_params.seed) + i for i in range(num_samples))
     if len(seeds) != num_samples:
-        raise ValueError(f"extra_args['seeds'] has {len(seeds)} seeds for num_outputs_per_prompt={num_samples}")
-
-    sde_type = extra.get("sde_type", "sde")
-    if sde_type not in SDE_TYPES:
-        raise ValueError(f"extra_args['sde_type'] must be one of {SDE_TYPES}, got {sde_type!r}")
-    noise_level = float(extra.get("noise_level", DEFAULT_NOISE_LEVEL))
-    if not noise_level >= 0:
-        raise ValueError(f"extra_args['noise_level'] must be >= 0 (0 = ODE, nothing recorded), got {noise_level}")
-    window_size = int(extra.get("sde_window_size", DEFAULT_WINDOW_SIZE))
-    window_range = tuple(extra.get("sde_window_range") or (0, num_steps))
-    starts = [sample_sde_window_start(seed, num_steps, window_size, window_range) for seed in seeds]
-    return RolloutRequest(
-        prompt_token_ids=prompt_ids,
-        negative_prompt_token_ids=negative_ids,
-        seeds=[int(s) for s in seeds],
-        window_starts=starts,
-        window_size=window_size,
-        noise_level=noise_level,
-        sde_type=sde_type,
-    )
-
-
-def stack_windows(
-    latents: Sequence[list[torch.Tensor]],
-    log_probs: Sequence[list[torch.Tensor]],
-    timesteps: Sequence[list[torch.Tensor]],
-    latent_shape: Sequence[int],
-) -> dict[str, torch.Tensor]:
-    """The trajectory payload of N samples' recorded windows: ``latents`` [N, W+1, *latent_shape],
-    ``log_probs`` [N, W], ``timesteps`` [N, W]; an ODE request (noise level 0) recorded none: W = 0."""
-    n = len(log_probs)
-    if not any(log_probs):
-        return {
-            "latents": torch.empty(n, 0, *latent_shape),
-            "log_probs": torch.empty(n, 0),
-            "timesteps": torch.empty(n, 0),
-        }
-    # recorded on the device (no stall during denoising); the payload travels from the host
-    return {
-        "latents": torch.stack([torch.stack(x) for x in latents]).cpu(),
-        "log_probs": torch.stack([torch.stack(x) for x in log_probs]).cpu(),
-        "timesteps": torch.stack([torch.stack(x) for x in timesteps]).cpu(),
-    }
+        raise ValueError(f"the sampling spec has {len(seeds)} seeds for num_outputs_per_prompt={num_samples}")
+    return RolloutRequest.build(prompt_ids, negative_ids, replace(spec, seeds=seeds))

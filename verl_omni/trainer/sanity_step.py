@@ -4,8 +4,8 @@
 
 What it does, each part checked and reported:
 1. builds the tiny random Qwen-Image once (or loads ``--model-path``);
-2. samples ``n`` images per prompt with the SDE window (diffusers transformer + our scheduler),
-   recording the window's latents, log-probs and timesteps as the rollout engine does;
+2. samples ``n`` images per prompt with the SDE window (diffusers transformer + the rollout's own
+   :class:`~verl_omni.pipelines.recorder.RolloutRecorder`), recording the window as the engine does;
 3. scores them with a stand-in reward that needs no model (mean brightness), computes
    group advantages;
 4. adds a zero-initialized LoRA and replays the recorded transitions: log π_θ must equal the
@@ -24,20 +24,19 @@ import argparse
 import json
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds, QwenImageTrainingAdapter
-from verl_omni.pipelines.schedulers import (
-    FlowMatchSDEDiscreteScheduler,
-    sample_sde_window_start,
-    sde_step_with_logprob,
-    window_noise_levels,
-)
+from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.rollout_request import RolloutRequest
+from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl_omni.utils.image_grid import save_grid
-from verl_omni.workers.utils.replay import ReplaySpec, num_replay_steps, prepare_scheduler, replay_step
+from verl_omni.workers.utils.replay import num_replay_steps, prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
 
@@ -85,39 +84,45 @@ def encode(pipe, prompts: list[str], negative: str | None) -> tuple[PromptEmbeds
     return PromptEmbeds(embeds, mask), neg
 
 
+def sampling_spec(args: argparse.Namespace) -> SamplingSpec:
+    """The run's sampling settings, as the trainer's rollout would carry them."""
+    return SamplingSpec(
+        num_inference_steps=args.steps,
+        height=args.size,
+        width=args.size,
+        noise_level=args.noise_level,
+        true_cfg_scale=args.cfg,
+        sde_window_size=args.window,
+    )
+
+
 @torch.no_grad()
 def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int]) -> dict:
-    """SDE-window sampling of one batch; records the window as the rollout engine must."""
+    """SDE-window sampling of one batch with the rollout's own recorder (diffusers transformer, our step)."""
     adapter = QwenImageTrainingAdapter
-    batch = len(seeds)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    # the prompt is encoded by diffusers here: the request only carries the seeds and the spec
+    request = RolloutRequest.build([0], None, replace(sampling_spec(args), seeds=tuple(seeds)))
+    recorder = RolloutRecorder([request], torch.device("cpu"))
     latent_channels = pipe.transformer.config.in_channels // 4
     latents = torch.cat(
-        [pipe.prepare_latents(1, latent_channels, args.size, args.size, torch.float32, "cpu", g) for g in gens]
+        [
+            pipe.prepare_latents(1, latent_channels, args.size, args.size, torch.float32, "cpu", g)
+            for g in recorder.generators
+        ]
     )
     lat_hw = 2 * (args.size // (pipe.vae_scale_factor * 2))
-    img_shapes = adapter.img_shapes(batch, lat_hw, lat_hw)
+    img_shapes = adapter.img_shapes(len(seeds), lat_hw, lat_hw)
     adapter.set_timesteps(scheduler, args.steps, latents.shape[1])
-    starts = [sample_sde_window_start(s, args.steps, args.window, (0, args.steps)) for s in seeds]
-    levels = torch.tensor([window_noise_levels(args.steps, st, args.window, args.noise_level) for st in starts])
-    traj, logps, ts = [[] for _ in seeds], [[] for _ in seeds], [[] for _ in seeds]
-    for i, t in enumerate(scheduler.timesteps):
-        tb = t.expand(batch)
-        v = adapter.predict_velocity(pipe.transformer, latents, tb, prompt, img_shapes, negative, args.cfg)
-        out = sde_step_with_logprob(scheduler, v, tb, latents, levels[:, i], generator=gens)
-        for b in range(batch):
-            if levels[b, i] > 0:
-                if not traj[b]:
-                    traj[b].append(latents[b])
-                traj[b].append(out.prev_sample[b])
-                logps[b].append(out.log_prob[b])
-                ts[b].append(t)
-        latents = out.prev_sample
+    recorder.set_schedule(schedule_sigmas(scheduler), scheduler.timesteps)
+    for t in scheduler.timesteps:
+        v = adapter.predict_velocity(
+            pipe.transformer, latents, t.expand(len(seeds)), prompt, img_shapes, negative, args.cfg
+        )
+        latents = recorder.step(v, latents)
+    (recorded,) = recorder.split()
     return {
         "final_latents": latents,
-        "all_latents": torch.stack([torch.stack(x) for x in traj]),  # [B, W+1, N, C]
-        "log_probs": torch.stack([torch.stack(x) for x in logps]),  # [B, W]
-        "all_timesteps": torch.stack([torch.stack(x) for x in ts]),  # [B, W]
+        **recorded,  # all_latents [B, W+1, N, C], rollout_log_probs [B, W], all_timesteps [B, W], window_start [B]
         "vae_scale_factor": pipe.vae_scale_factor,
         **_embeds_fields(prompt, negative),
     }
@@ -147,7 +152,7 @@ def decode(pipe, latents: torch.Tensor, size: int) -> torch.Tensor:
 
 def replay_log_probs(transformer, scheduler, rec, args) -> torch.Tensor:
     """log π_θ of every recorded transition, ``[B, W]``, with grad through the transformer."""
-    spec = ReplaySpec(args.steps, args.size, args.size, args.noise_level, "sde", args.cfg)
+    spec = sampling_spec(args).replay()
     adapter = QwenImageTrainingAdapter
     prepare_scheduler(adapter, scheduler, spec, rec["all_latents"].shape[2])
     steps = range(num_replay_steps(rec))
@@ -187,7 +192,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     with torch.no_grad():
         replayed = replay_log_probs(transformer, scheduler, rec, args)
-    consistency = (replayed - rec["log_probs"]).abs().max().item()
+    consistency = (replayed - rec["rollout_log_probs"]).abs().max().item()
 
     logger.info("[3/4] %d Flow-GRPO updates on the LoRA", args.updates)
     params = [p for p in transformer.parameters() if p.requires_grad]
@@ -198,13 +203,13 @@ def run(args: argparse.Namespace) -> dict:
         opt.zero_grad()
         logp = replay_log_probs(transformer, scheduler, rec, args)
         loss, metrics = loss_fn(
-            logp.flatten(), rec["log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
+            logp.flatten(), rec["rollout_log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
         )
         loss.backward()
         opt.step()
         losses.append(metrics["pg_loss"])
     with torch.no_grad():
-        delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["log_probs"]).mean(dim=1)
+        delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["rollout_log_probs"]).mean(dim=1)
 
     logger.info("[4/4] writing images and metrics to %s", out)
     save_grid(images, args.n, out / "samples.png")

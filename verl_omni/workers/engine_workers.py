@@ -11,7 +11,7 @@ The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, 
 shares the actor's weights, so one worker covers verl's actor and ref roles.
 
 A ``DataProto`` sent to these methods carries per-sample tensors (``docs/actor.md``, batch
-format) and ``meta_info["replay_spec"]``, a dict of :class:`ReplaySpec` fields.
+format) and ``meta_info["sampling_spec"]``, a :class:`~verl_omni.pipelines.sampling.SamplingSpec` as a dict.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import TrainingWorker
 
 import verl_omni.workers.engine.fsdp.diffusers_impl  # noqa: F401  (registers DiffusersFSDPEngine)
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
-from verl_omni.workers.utils.replay import ReplaySpec
+from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +40,11 @@ def _init_cpu_process_group() -> None:
         dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 
 
-def _replay_spec(data: DataProto) -> ReplaySpec:
-    spec = data.meta_info.get("replay_spec")
+def _sampling_spec(data: DataProto) -> SamplingSpec:
+    spec = data.meta_info.get(SAMPLING_SPEC_KEY)
     if spec is None:
-        raise KeyError("DataProto.meta_info['replay_spec'] is required: the rollout's sampling settings")
-    return spec if isinstance(spec, ReplaySpec) else ReplaySpec(**spec)
+        raise KeyError(f"DataProto.meta_info[{SAMPLING_SPEC_KEY!r}] is required: the rollout's sampling settings")
+    return SamplingSpec.from_dict(spec)
 
 
 class DiffusionActorWorker(TrainingWorker):
@@ -64,20 +65,20 @@ class DiffusionActorWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs`` ``[B, W]`` of the recorded transitions."""
-        log_probs = self.actor.compute_log_prob(data.batch, _replay_spec(data))
+        log_probs = self.actor.compute_log_prob(data.batch, _sampling_spec(data))
         return DataProto.from_dict(tensors={"old_log_probs": log_probs})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_prev_sample_mean`` ``[B, W, N, C]``: the reference's means, for the KL term."""
-        means = self.actor.compute_ref_prev_sample_mean(data.batch, _replay_spec(data))
+        means = self.actor.compute_ref_prev_sample_mean(data.batch, _sampling_spec(data))
         return DataProto.from_dict(tensors={"ref_prev_sample_mean": means})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
         """One Flow-GRPO update; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
         being reduced over ranks in the actor already)."""
-        metrics = self.actor.update_policy(data.batch, _replay_spec(data))
+        metrics = self.actor.update_policy(data.batch, _sampling_spec(data))
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -32,23 +32,38 @@ def test_schedule_is_bagels_shifted_linspace_and_steps_resolve():
 
 def test_sde_step_behind_bagels_convention_is_euler_without_noise_and_records_the_window():
     from verl_omni.pipelines.bagel.rollout_pipeline import BagelSDEStep
-    from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler
+    from verl_omni.pipelines.recorder import RolloutRecorder
+    from verl_omni.pipelines.rollout_request import RolloutRequest
+    from verl_omni.pipelines.sampling import SamplingSpec
+    from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
     scheduler = FlowMatchSDEDiscreteScheduler()
     set_bagel_schedule(scheduler, 4, 3.0)
     sigmas = scheduler.sigmas
-    stepper = BagelSDEStep(scheduler, [0.0, 0.7, 0.7, 0.0], torch.Generator().manual_seed(0), "sde")
+
+    def stepper(window_start: int = 1) -> BagelSDEStep:
+        spec = SamplingSpec(num_inference_steps=4, noise_level=0.7, sde_window_size=2, seeds=[0])
+        request = RolloutRequest([1], None, spec, window_starts=[window_start])
+        recorder = RolloutRecorder([request], torch.device("cpu"))
+        recorder.set_schedule(schedule_sigmas(scheduler), scheduler.timesteps)
+        return BagelSDEStep(recorder)
+
+    bagel = stepper()
     x, v = torch.randn(4, 64), torch.randn(4, 64)
     for i in range(4):
         dt = sigmas[i] - sigmas[i + 1]
-        out = stepper.step(v, sigmas[i], x, dt)
+        out = bagel.step(v, sigmas[i], x, dt)
         if i in (0, 3):  # outside the window: BAGEL's own Euler step x - v·dt
             torch.testing.assert_close(out.prev_sample, x - v * dt)
         x = out.prev_sample
-    assert len(stepper.latents) == 3 and len(stepper.log_probs) == 2
-    torch.testing.assert_close(torch.stack(stepper.timesteps), sigmas[1:3])
+    bagel.check_schedule()
+    (recorded,) = bagel.recorder.split()
+    assert recorded["all_latents"].shape == (1, 3, 4, 64) and recorded["rollout_log_probs"].shape == (1, 2)
+    torch.testing.assert_close(recorded["all_timesteps"][0], sigmas[1:3])
+    off = stepper()
+    off.step(v, torch.tensor(0.5), x, torch.tensor(0.1))
     with pytest.raises(RuntimeError, match="schedule"):
-        BagelSDEStep(scheduler, [0.0] * 4, torch.Generator(), "sde").step(v, torch.tensor(0.5), x, torch.tensor(0.1))
+        off.check_schedule()
 
 
 @pytest.mark.parametrize("renorm", ["global", "channel", "text_channel"])

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def spec():
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
-    return ReplaySpec(STEPS, SIZE, SIZE, 0.7, "sde", 4.0, model_kwargs={"timestep_shift": 3.0})
+    return SamplingSpec(STEPS, SIZE, SIZE, 0.7, "sde", 4.0, model_kwargs={"timestep_shift": 3.0})
 
 
 @pytest.fixture(scope="module")

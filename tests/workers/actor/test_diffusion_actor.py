@@ -11,10 +11,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_kl_term_pulls_the_policy_back_to_the_reference(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     # random lora_B: the policy starts away from the base model; zero advantages leave only the KL term
     actor = _actor(tiny_qwen_image_path, lora_init=False, ppo_mini_batch_size=4, kl_beta=1.0)
     batch = _batch(rec, torch.zeros(4))
@@ -30,24 +30,24 @@ def test_kl_term_pulls_the_policy_back_to_the_reference(process_group, tiny_qwen
 def test_kl_without_reference_means_names_the_missing_field(
     process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
     actor = _actor(tiny_qwen_image_path, ppo_mini_batch_size=4, kl_beta=0.1)
     batch = _batch(rec, torch.ones(4))
-    batch["old_log_probs"] = rec["log_probs"]
+    batch["old_log_probs"] = rec["rollout_log_probs"]
     with pytest.raises(KeyError, match="ref_prev_sample_mean"):
-        actor.update_policy(batch, ReplaySpec(**rec["spec"]))
+        actor.update_policy(batch, SamplingSpec(**rec["spec"]))
 
 
 def test_epochs_times_mini_batches_optimizer_steps(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
     actor = _actor(tiny_qwen_image_path, ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True)
     batch = _batch(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-    batch["old_log_probs"] = rec["log_probs"]
-    metrics = actor.update_policy(batch, ReplaySpec(**rec["spec"]))
+    batch["old_log_probs"] = rec["rollout_log_probs"]
+    metrics = actor.update_policy(batch, SamplingSpec(**rec["spec"]))
     steps = {int(state["step"]) for state in actor.engine.optimizer.state.values()}
     assert steps == {4}  # 2 epochs x 2 mini-batches of 2 samples
     # the second mini-batch of epoch 0 is replayed after one step: its log-probs have moved
@@ -58,7 +58,7 @@ def test_epochs_times_mini_batches_optimizer_steps(process_group, tiny_qwen_imag
 def test_bf16_base_keeps_fp32_lora_master_weights(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
     """``engine.model_dtype=bf16`` halves the frozen base; the trained adapter must stay fp32 (an lr-1e-4
     step on a bf16 weight of size ~1 rounds to nothing)."""
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
     actor = _actor(tiny_qwen_image_path, engine_kwargs={"model_dtype": "bf16"}, ppo_mini_batch_size=4)
@@ -69,7 +69,7 @@ def test_bf16_base_keeps_fp32_lora_master_weights(process_group, tiny_qwen_image
     assert base and all(p.dtype == torch.bfloat16 for p in base)
     before = {n: p.detach().full_tensor().clone() for n, p in lora.items() if "lora_B" in n}
     batch = _batch(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
     actor.update_policy(batch, spec)
     assert any(not torch.equal(before[n], lora[n].detach().full_tensor()) for n in before)

@@ -12,16 +12,16 @@ pytestmark = pytest.mark.gpu
 def test_fp32_replay_on_cuda_matches_cpu_sampler_and_update_direction(
     cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     fp32 = {"mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"}}
     actor = build_actor(tiny_qwen_image_path, engine_kwargs=fp32, ppo_mini_batch_size=4)
     batch = batch_of(rec, torch.ones(4))
     old = actor.compute_log_prob(batch, spec)
-    print(f"fp32 CUDA vs CPU sampler: max |d log p| = {(old - rec['log_probs']).abs().max().item():.3e}")
-    torch.testing.assert_close(old, rec["log_probs"], rtol=0, atol=1e-4)
+    print(f"fp32 CUDA vs CPU sampler: max |d log p| = {(old - rec['rollout_log_probs']).abs().max().item():.3e}")
+    torch.testing.assert_close(old, rec["rollout_log_probs"], rtol=0, atol=1e-4)
     batch["old_log_probs"] = old
     metrics = actor.update_policy(batch, spec)
     assert 0 < metrics["actor/grad_norm"] < float("inf")
@@ -31,14 +31,16 @@ def test_fp32_replay_on_cuda_matches_cpu_sampler_and_update_direction(
 def test_bf16_compute_on_cuda_trains_with_finite_gradients(
     cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     rec = recorded_qwen_image_batch[1]
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     actor = build_actor(tiny_qwen_image_path, ppo_mini_batch_size=4)  # default on CUDA: bf16 compute
     batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
     batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
-    print(f"bf16 CUDA vs CPU sampler: max |d log p| = {(batch['old_log_probs'] - rec['log_probs']).abs().max():.3e}")
+    print(
+        f"bf16 CUDA vs CPU sampler: max |d log p| = {(batch['old_log_probs'] - rec['rollout_log_probs']).abs().max():.3e}"
+    )
     assert bool(torch.isfinite(batch["old_log_probs"]).all())
     metrics = actor.update_policy(batch, spec)
     assert 0 < metrics["actor/grad_norm"] < float("inf")

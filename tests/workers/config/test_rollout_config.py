@@ -13,7 +13,9 @@ from verl_omni.workers.config.rollout import DiffusionRolloutConfig
         ({"sde_window_size": 0}, "actor_rollout_ref.rollout.sde_window_size"),
         ({"sde_window_range": [2, 3], "sde_window_size": 2}, "actor_rollout_ref.rollout.sde_window_range"),
         ({"sde_window_range": [0, 11]}, "actor_rollout_ref.rollout.sde_window_range"),
-        ({"height": 30}, "actor_rollout_ref.rollout.height"),
+        ({"height": -16}, "actor_rollout_ref.rollout.height"),
+        ({"guidance_scale": -1.0}, "actor_rollout_ref.rollout.guidance_scale"),
+        ({"model_kwargs": [1]}, "actor_rollout_ref.rollout.model_kwargs"),
         ({"width": 0}, "actor_rollout_ref.rollout.width"),
         ({"num_inference_steps": 0}, "actor_rollout_ref.rollout.num_inference_steps"),
         ({"noise_level": 0.0}, "actor_rollout_ref.rollout.noise_level"),
@@ -33,7 +35,7 @@ def test_rollout_config_defaults_to_batched_diffusion_and_uid_affinity():
     assert config.enable_batched_diffusion is True
     assert config.server_routing.policy == "prompt_uid_affinity"
     assert config.agent.default_agent_loop == "diffusion_single_turn"
-    assert config.window_range == [0, config.num_inference_steps]
+    assert config.sampling_spec().window_range == (0, config.num_inference_steps)
 
 
 def test_yaml_node_sets_every_diffusion_field_and_builds_the_dataclass(tiny_qwen_image_path):

@@ -64,12 +64,12 @@ def lora_params(engine) -> dict[str, torch.Tensor]:
 def main(recorded: str, model_path: str, out_dir: str) -> None:
     from torch.distributed.tensor import DTensor
 
-    from verl_omni.workers.utils.replay import ReplaySpec
+    from verl_omni.pipelines.sampling import SamplingSpec
 
     dist.init_process_group("gloo")
     out = Path(out_dir)
     rec = torch.load(recorded, weights_only=False)
-    spec = ReplaySpec(**rec["spec"])
+    spec = SamplingSpec(**rec["spec"])
     size = rec["all_latents"].shape[0]
     results: dict = {}
 

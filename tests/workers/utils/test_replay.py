@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
-from verl_omni.workers.utils.replay import ReplaySpec, check_replay_batch
+from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.workers.utils.replay import check_replay_batch
 
 
 def _batch(w=2, with_negative=False):
@@ -21,15 +22,17 @@ def _batch(w=2, with_negative=False):
 
 def test_cfg_replay_without_negative_embeddings_names_them():
     with pytest.raises(KeyError, match="negative_prompt_embeds"):
-        check_replay_batch(_batch(), ReplaySpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
-    check_replay_batch(_batch(with_negative=True), ReplaySpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
+        check_replay_batch(_batch(), SamplingSpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
+    check_replay_batch(
+        _batch(with_negative=True), SamplingSpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter
+    )
 
 
 def test_latents_must_hold_one_more_step_than_timesteps():
     batch = _batch()
     batch["all_timesteps"] = torch.zeros(3, 3)
     with pytest.raises(ValueError, match=r"\[B, W\+1, S, C\]"):
-        check_replay_batch(batch, ReplaySpec(4, 32, 32), QwenImageTrainingAdapter)
+        check_replay_batch(batch, SamplingSpec(4, 32, 32), QwenImageTrainingAdapter)
 
 
 @pytest.mark.parametrize(
@@ -38,4 +41,4 @@ def test_latents_must_hold_one_more_step_than_timesteps():
 )
 def test_replay_spec_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ReplaySpec(**({"num_inference_steps": 4, "height": 32, "width": 32} | kwargs))
+        SamplingSpec(**({"num_inference_steps": 4, "height": 32, "width": 32} | kwargs)).replay()

@@ -5,20 +5,20 @@ Plugged into vLLM-Omni through ``custom_pipeline_args`` (``pipeline_class`` =
 stage prefills the prompt itself) or as the DiT stage of the thinker + DiT deploy (the prompt's
 KV cache arrives from the thinker). It reuses the stock pipeline for the text context, the
 packed latent layout, BAGEL's CFG (``Bagel.generate_image``) and VAE decoding; only the step
-changes: :class:`BagelSDEStep` puts the shared SDE step (one implementation,
-:mod:`verl_omni.pipelines.schedulers.flow_match_sde`) behind BAGEL's step convention
-``step(velocity, σ, x_t, dt)`` with the request's shifted sigmas.
+changes: :class:`BagelSDEStep` puts the shared rollout recorder
+(:class:`~verl_omni.pipelines.recorder.RolloutRecorder`: seeds, SDE window, the step on the device)
+behind BAGEL's step convention ``step(velocity, σ, x_t, dt)`` with the request's shifted sigmas.
 
 A request's prompt is ``{"prompt_token_ids": [...], "negative_prompt_token_ids": [...]}`` (ids of
 ``<|im_start|>`` text ``<|im_end|>``, see :func:`~verl_omni.pipelines.bagel.training_adapter.prompt_token_ids`).
-``num_inference_steps`` counts SDE/ODE transitions (BAGEL's ``num_timesteps`` is one more).
-``true_cfg_scale`` is BAGEL's text-CFG scale; ``extra_args`` may set ``timestep_shift``,
-``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min`` besides the
-Flow-GRPO keys of :mod:`verl_omni.pipelines.rollout_request`.
+The request's :class:`~verl_omni.pipelines.sampling.SamplingSpec` holds the settings:
+``num_inference_steps`` counts SDE/ODE transitions (BAGEL's ``num_timesteps`` is one more),
+``true_cfg_scale`` is BAGEL's text-CFG scale, and ``model_kwargs`` may set ``timestep_shift``,
+``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``.
 
 Per request the output carries, batched over its N samples, the same layout as Qwen-Image's:
-``image`` (N PIL images) and a ``trajectory`` with ``latents`` [N, W+1, S, C] (packed latent
-tokens), ``log_probs`` [N, W], ``timesteps`` [N, W] (σ), ``window_start`` [N] and the token ids
+``image`` (N PIL images) and a ``trajectory`` with ``all_latents`` [N, W+1, S, C] (packed latent
+tokens), ``rollout_log_probs`` [N, W], ``all_timesteps`` [N, W] (σ), ``window_start`` [N] and the token ids
 the trainer replays with, ``prompt_token_ids`` / ``negative_prompt_token_ids`` [N, L] and their masks.
 """
 
@@ -34,73 +34,52 @@ from vllm_omni.diffusion.models.bagel.bagel_transformer import NaiveCache
 from vllm_omni.diffusion.models.bagel.pipeline_bagel import BagelPipeline
 
 from verl_omni.pipelines.bagel.training_adapter import (
-    DEFAULT_GUIDANCE,
     DEFAULT_TIMESTEP_SHIFT,
     guidance_from,
     set_bagel_schedule,
 )
-from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request, stack_windows
-from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
+from verl_omni.pipelines.recorder import RolloutRecorder, concat_trajectories
+from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CFG_TEXT_SCALE = 4.0
-DEFAULT_NUM_STEPS = 50
 # how far BAGEL's own σ may be from ours at the same step (it computes the schedule on the latents' device)
 SIGMA_TOLERANCE = 1e-4
 
 
 class BagelSDEStep:
-    """The scheduler ``Bagel.generate_image`` steps with, for one sample: BAGEL's ``step(v, σ, x_t, dt)``
-    convention in front of :func:`sde_step_with_logprob`, recording the transitions inside the SDE window.
+    """The scheduler ``Bagel.generate_image`` steps with: BAGEL's ``step(v, σ, x_t, dt)`` convention in front
+    of the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder` of one sample.
+
+    BAGEL's σ must be the recorder's at every step; the difference is kept on the device and checked
+    once after the loop (:meth:`check_schedule`), so stepping reads nothing back to the host.
 
     Args:
-        scheduler: a flow-match scheduler set to BAGEL's schedule (``set_bagel_schedule``).
-        noise_levels (`list[float]`): the sample's noise level at each step (0 outside its window).
-        generator (`torch.Generator`): the sample's noise source.
-        sde_type (`str`): ``"sde"`` or ``"cps"``.
+        recorder (`RolloutRecorder`): one sample's recorder, its schedule set to BAGEL's (``set_bagel_schedule``).
     """
 
-    def __init__(self, scheduler, noise_levels: list[float], generator: torch.Generator, sde_type: str):
-        self.scheduler = scheduler
-        self.noise_levels = noise_levels
-        self.generator = generator
-        self.sde_type = sde_type
-        self.index = 0
-        self.latents: list[torch.Tensor] = []
-        self.log_probs: list[torch.Tensor] = []
-        self.timesteps: list[torch.Tensor] = []
-        # [S, C] of the packed latent tokens (the shape of an empty window)
-        self.latent_shape: tuple[int, ...] = ()
+    def __init__(self, recorder: RolloutRecorder):
+        self.recorder = recorder
+        self.max_sigma_error = torch.zeros((), dtype=torch.float32, device=recorder.device)
 
     def step(self, velocity: torch.Tensor, sigma: torch.Tensor, x_t: torch.Tensor, dt: torch.Tensor, **_: Any):
-        """x_t ``[S, C]`` → x_{t'}; BAGEL's ``dt`` is σ − σ' (> 0), which our schedule must agree with."""
-        i = self.index
-        ours = self.scheduler.timesteps[i]
-        if abs(float(sigma) - float(ours)) > SIGMA_TOLERANCE:
-            raise RuntimeError(
-                f"BAGEL stepped at σ={float(sigma):.6f}, the SDE schedule has σ={float(ours):.6f} at step {i}"
-            )
-        level = self.noise_levels[i]
-        self.latent_shape = tuple(x_t.shape)
-        result = sde_step_with_logprob(
-            self.scheduler,
-            velocity[None],
-            ours,
-            x_t[None],
-            noise_level=level,
-            generator=[self.generator],
-            sde_type=self.sde_type,
-        )
-        prev = result.prev_sample[0]
-        if level > 0:
-            if not self.latents:
-                self.latents.append(x_t.detach().float().cpu())
-            self.latents.append(prev.detach().cpu())
-            self.log_probs.append(result.log_prob[0].detach().cpu())
-            self.timesteps.append(ours.detach().float().cpu())
-        self.index += 1
+        """x_t ``[S, C]`` → x_{t'}; BAGEL's ``dt`` is σ − σ' (> 0), which the recorder's schedule must agree with."""
+        ours = self.recorder.timesteps[self.recorder.step_index]
+        error = (torch.as_tensor(sigma, dtype=torch.float32, device=ours.device) - ours).abs()
+        self.max_sigma_error = torch.maximum(self.max_sigma_error, error)
+        prev = self.recorder.step(velocity[None], x_t[None])[0]
         return SimpleNamespace(prev_sample=prev, log_prob=None)
+
+    def check_schedule(self) -> None:
+        """Raise if BAGEL stepped at a σ other than the recorder's (one host read, after the loop)."""
+        error = float(self.max_sigma_error)
+        if error > SIGMA_TOLERANCE:
+            raise RuntimeError(
+                f"BAGEL stepped off the SDE schedule: its σ differs from the recorder's by up to {error:.6f} "
+                f"(tolerance {SIGMA_TOLERANCE})"
+            )
 
 
 def _context(kv_len: int) -> dict:
@@ -153,9 +132,9 @@ class BagelPipelineWithLogProb(BagelPipeline):
 
     # ---- one request -------------------------------------------------------------------------
 
-    def _image_shape(self, sampling_params) -> tuple[int, int]:
+    def _image_shape(self, spec: SamplingSpec) -> tuple[int, int]:
         limit = int(self.bagel.max_latent_size * self.bagel.latent_downsample)
-        height, width = int(sampling_params.height or limit), int(sampling_params.width or limit)
+        height, width = spec.height, spec.width
         step = self.bagel.latent_downsample
         if height > limit or width > limit or height % step or width % step:
             raise ValueError(
@@ -163,15 +142,20 @@ class BagelPipelineWithLogProb(BagelPipeline):
             )
         return height, width
 
-    def _sample(self, request, contexts, shape, noise_levels, generator, settings) -> tuple:
-        """Denoise one sample; returns (PIL image, its :class:`BagelSDEStep` recording)."""
+    def _sample(self, request: RolloutRequest, contexts, shape, settings) -> tuple:
+        """Denoise the one sample of ``request``; returns (PIL image, its recorded trajectory)."""
         cond, uncond = contexts
         scheduler = FlowMatchSDEDiscreteScheduler()
         set_bagel_schedule(scheduler, settings["num_steps"], settings["timestep_shift"])
-        stepper = BagelSDEStep(scheduler, noise_levels, generator, request.sde_type)
+        # the generator draws on the CPU: BAGEL's initial noise is a CPU draw on every device
+        recorder = RolloutRecorder([request], self.device, generator_device=torch.device("cpu"))
+        recorder.set_schedule(schedule_sigmas(scheduler, self.device), scheduler.timesteps)
+        stepper = BagelSDEStep(recorder)
         inputs = self.bagel.prepare_vae_latent(cond["kv_lens"], cond["ropes"], [shape], self.new_token_ids)
         noise = inputs["packed_init_noises"]
-        inputs["packed_init_noises"] = torch.randn(noise.shape, generator=generator, dtype=torch.float32, device="cpu")
+        inputs["packed_init_noises"] = torch.randn(
+            noise.shape, generator=recorder.generators[0], dtype=torch.float32, device="cpu"
+        )
         inputs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in inputs.items()}
         cfg_text = self.bagel.prepare_vae_latent_cfg(uncond["kv_lens"], uncond["ropes"], [shape])
         cfg_img = self.bagel.prepare_vae_latent_cfg(cond["kv_lens"], cond["ropes"], [shape])
@@ -193,37 +177,32 @@ class BagelPipelineWithLogProb(BagelPipeline):
             scheduler=stepper,
             **inputs,
         )
+        stepper.check_schedule()
         image = self._decode_image_from_latent(self.bagel, self.vae, latents[0], shape)
-        return image, stepper
+        (trajectory,) = recorder.split()
+        return image, trajectory
 
     @staticmethod
-    def _settings(sampling_params) -> dict:
-        extra = dict(sampling_params.extra_args or {})
-        if "cfg_text_scale" in extra:
-            raise ValueError(
-                "set BAGEL's text-CFG scale with sampling_params.true_cfg_scale, not extra_args['cfg_text_scale']"
-            )
-        text_scale = (
-            sampling_params.true_cfg_scale if sampling_params.true_cfg_scale is not None else DEFAULT_CFG_TEXT_SCALE
-        )
+    def _settings(spec: SamplingSpec) -> dict:
+        """BAGEL's schedule and CFG from the spec (its model_kwargs; the text-CFG scale is ``true_cfg_scale``)."""
         return {
-            "num_steps": int(sampling_params.num_inference_steps or DEFAULT_NUM_STEPS),
-            "timestep_shift": float(extra.get("timestep_shift", DEFAULT_TIMESTEP_SHIFT)),
-            "guidance": guidance_from({k: extra[k] for k in DEFAULT_GUIDANCE if k in extra}, text_scale),
+            "num_steps": spec.num_inference_steps,
+            "timestep_shift": float(spec.model_kwargs.get("timestep_shift", DEFAULT_TIMESTEP_SHIFT)),
+            "guidance": guidance_from(spec.model_kwargs, spec.true_cfg_scale),
         }
 
     def _generate(self, prompt, sampling_params) -> DiffusionOutput:
-        settings = self._settings(sampling_params)
-        request = parse_rollout_request(prompt, sampling_params, settings["num_steps"])
-        shape = self._image_shape(sampling_params)
+        request = parse_rollout_request(prompt, sampling_params)
+        settings = self._settings(request.spec)
+        shape = self._image_shape(request.spec)
         contexts = self._contexts(request, sampling_params)
-        images, steppers = [], []
-        for i, generator in enumerate(request.generators(torch.device("cpu"))):
-            levels = [request.noise_levels_at(step)[i] for step in range(settings["num_steps"])]
-            image, stepper = self._sample(request, contexts, shape, levels, generator, settings)
+        images, recorded = [], []
+        for i in range(request.num_samples):
+            image, trajectory = self._sample(request.sample(i), contexts, shape, settings)
             images.append(image)
-            steppers.append(stepper)
-        return DiffusionOutput(output={"payload": {"image": images, "trajectory": _trajectory(request, steppers)}})
+            recorded.append(trajectory)
+        trajectory = {**concat_trajectories(recorded), **_prompt_ids(request)}
+        return DiffusionOutput(output={"payload": {"image": images, "trajectory": trajectory}})
 
     def forward(self, req) -> list[DiffusionOutput] | DiffusionOutput:
         """Denoise each request of ``req`` in turn; one output per request."""
@@ -248,18 +227,12 @@ def _padded_ids(ids: list[int] | None, n: int) -> tuple[torch.Tensor, torch.Tens
     return row.expand(n, -1).clone(), torch.ones(n, row.numel(), dtype=torch.long)
 
 
-def _trajectory(request: RolloutRequest, steppers: list[BagelSDEStep]) -> dict[str, torch.Tensor]:
-    n = len(steppers)
+def _prompt_ids(request: RolloutRequest) -> dict[str, torch.Tensor]:
+    """The token ids the trainer replays with, one row per sample."""
+    n = request.num_samples
     prompt_ids, prompt_mask = _padded_ids(request.prompt_token_ids, n)
     negative_ids, negative_mask = _padded_ids(request.negative_prompt_token_ids, n)
     return {
-        **stack_windows(
-            [s.latents for s in steppers],
-            [s.log_probs for s in steppers],
-            [s.timesteps for s in steppers],
-            steppers[0].latent_shape,
-        ),
-        "window_start": torch.tensor(request.window_starts),
         "prompt_token_ids": prompt_ids,
         "prompt_token_ids_mask": prompt_mask,
         "negative_prompt_token_ids": negative_ids,

@@ -102,6 +102,11 @@ class BagelTrainingAdapter(ModelAdapter):
     tokenizer_subfolder = ""
     # vLLM-Omni's BAGEL casts activations to bf16 inside its layers: it cannot run in fp32, even on CPU
     rollout_dtype = "bfloat16"
+    # 8x VAE, latents patched 2x2: image sides divide by 16 (the checkpoint's latent table also caps them)
+    latent_multiple = 16
+    # text CFG against an empty context, renormalized (cfg_renorm_type); the scale is true_cfg_scale
+    guidance_style = "true_cfg"
+    default_true_cfg_scale = 4.0
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:

@@ -10,8 +10,9 @@ transformer batch.
 
 Per request the output carries, batched over its N samples (see DESIGN.md §3):
 ``image`` [N, 3, H, W] in [-1, 1] (the engine's post-process turns it into PIL images) and a
-``trajectory`` payload with ``latents`` [N, W+1, S, C] (packed), ``log_probs`` [N, W],
-``timesteps`` [N, W], ``window_start`` [N], ``prompt_embeds`` [N, L, D], ``prompt_embeds_mask``
+``trajectory`` payload with what the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder`
+recorded (``all_latents`` [N, W+1, S, C] packed, ``rollout_log_probs`` [N, W], ``all_timesteps``
+[N, W], ``window_start`` [N]) plus ``prompt_embeds`` [N, L, D], ``prompt_embeds_mask``
 [N, L] and, with CFG, ``negative_prompt_embeds``/``negative_prompt_embeds_mask``. The prompt
 embeddings travel in the trajectory payload because it is the one payload entry vLLM-Omni 0.26
 forwards to the client unchanged.
@@ -20,79 +21,29 @@ forwards to the client unchanged.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.utils.torch_utils import randn_tensor
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
 from vllm_omni.diffusion.models.qwen_image.rope_utils import txt_seq_lens_from_embeds
-from vllm_omni.diffusion.utils.size_utils import normalize_min_aligned_size
 
 from verl_omni.pipelines.qwen_image.rollout_request import (
     QWEN_IMAGE_PROMPT_DROP_TOKENS,
     RolloutRequest,
     parse_rollout_request,
 )
-from verl_omni.pipelines.rollout_request import stack_windows
-from verl_omni.pipelines.schedulers.flow_match_sde import (
-    FlowMatchSDEDiscreteScheduler,
-    ode_step,
-    schedule_sigmas,
-    sde_transition,
-    step_dts,
-)
+from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
+from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TRUE_CFG_SCALE = 4.0
 # images per VAE decode call: a transformer batch holds n x requests images (128 in a 512² recipe
 # step), too many for one decode beside a colocated actor; one at a time is slower than the stock
 # pipeline's one call per request
 VAE_DECODE_CHUNK = 16
-
-
-@dataclass
-class RolloutState:
-    """Denoising state of one transformer batch (all samples of all requests, request-major).
-
-    Args:
-        latents (`torch.Tensor`, ``[B, S, C]``): current packed latents.
-        timesteps (`torch.Tensor`, ``[T]``): the schedule.
-        noise_levels (`list[list[float]]`, ``T x B``): each sample's noise level at each step.
-        generators (`list[torch.Generator]`, length B): one noise source per sample.
-        sde_type (`str`): ``"sde"`` or ``"cps"``.
-        sigmas (`torch.Tensor`, ``[T+1]``): the schedule's σ in fp32 on the latents' device, for the SDE steps
-            (``dts``, σ' − σ per step as host floats for the ODE steps, is derived from it once).
-    """
-
-    latents: torch.Tensor
-    timesteps: torch.Tensor
-    noise_levels: list[list[float]]
-    generators: list[torch.Generator]
-    sde_type: str
-    sigmas: torch.Tensor
-    step_index: int = 0
-    dts: list[float] = field(init=False)
-    noise_level_table: torch.Tensor = field(init=False)
-    # per sample: recorded latents (W+1), log-probs (W) and timesteps (W) of its SDE window
-    window_latents: list[list[torch.Tensor]] = field(default_factory=list)
-    window_log_probs: list[list[torch.Tensor]] = field(default_factory=list)
-    window_timesteps: list[list[torch.Tensor]] = field(default_factory=list)
-
-    def __post_init__(self):
-        batch = self.latents.shape[0]
-        self.window_latents = [[] for _ in range(batch)]
-        self.window_log_probs = [[] for _ in range(batch)]
-        self.window_timesteps = [[] for _ in range(batch)]
-        self.dts = step_dts(self.sigmas)
-        # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step
-        self.noise_level_table = torch.tensor(self.noise_levels, dtype=torch.float32).to(self.latents.device)
-
-    @property
-    def current_timestep(self) -> torch.Tensor:
-        return self.timesteps[self.step_index]
 
 
 @dataclass
@@ -107,15 +58,19 @@ class Conditioning:
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """What one transformer batch runs with: shared shape/schedule/CFG, and its requests in order."""
+    """What one transformer batch runs with: its requests in order, the spec they share, whether CFG runs."""
 
     requests: list[RolloutRequest]
-    height: int
-    width: int
-    num_steps: int
-    cfg_scale: float
+    spec: SamplingSpec
     do_true_cfg: bool
-    sde_type: str
+
+    @property
+    def height(self) -> int:
+        return self.spec.height
+
+    @property
+    def width(self) -> int:
+        return self.spec.width
 
 
 class QwenImageLogProbPipeline(QwenImagePipeline):
@@ -165,87 +120,22 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
 
     # ---- the SDE step ------------------------------------------------------------------------
 
-    def step_scheduler(self, state: RolloutState, noise_pred: torch.Tensor, **kwargs: Any) -> None:
-        """One SDE/ODE step of every sample; records the transitions inside each sample's window."""
+    def step_scheduler(self, recorder: RolloutRecorder, noise_pred: torch.Tensor, latents: torch.Tensor, **kwargs: Any):
+        """One SDE/ODE step of every sample through the shared recorder (records each sample's window)."""
         if self.interrupt:
-            return
-        step = state.step_index
-        levels = state.noise_levels[step]
-        if not any(levels):
-            # no sample in its SDE window: the Euler step on the device (what the SDE step computes at
-            # noise level 0), without its noise draw and the host syncs of its timestep lookup
-            state.latents = ode_step(state.latents, noise_pred, state.dts[step]).to(state.latents.dtype)
-            state.step_index += 1
-            return
-        t = state.current_timestep
-        # the schedule position is the loop's: no timestep lookup, nothing read back to the host
-        result = sde_transition(
-            noise_pred,
-            state.latents,
-            state.sigmas,
-            step,
-            state.noise_level_table[step],
-            sde_type=state.sde_type,
-            noise=self._window_noise(state, levels),
-        )
-        prev = result.prev_sample.to(state.latents.dtype)
-        recorded_t = t.detach().float()
-        for i, level in enumerate(levels):
-            if level == 0:
-                continue
-            # kept on the device until the request is split: a host copy here would stall the GPU
-            if not state.window_latents[i]:
-                state.window_latents[i].append(state.latents[i].detach().float())
-            state.window_latents[i].append(result.prev_sample[i].detach())
-            state.window_log_probs[i].append(result.log_prob[i].detach())
-            state.window_timesteps[i].append(recorded_t)
-        state.latents = prev
-        state.step_index += 1
-
-    @staticmethod
-    def _window_noise(state: RolloutState, levels: list[float]) -> torch.Tensor:
-        """ε of this step, drawn from a sample's generator only inside its own window: a sample's noise
-        then does not depend on which samples share its batch (nor on their windows)."""
-        noise = torch.zeros(state.latents.shape, dtype=torch.float32, device=state.latents.device)
-        for i, level in enumerate(levels):
-            if level:
-                shape = (1, *noise.shape[1:])
-                noise[i] = randn_tensor(shape, generator=state.generators[i], device=noise.device, dtype=noise.dtype)[0]
-        return noise
+            return latents
+        return recorder.step(noise_pred, latents)
 
     # ---- the request batch -------------------------------------------------------------------
 
-    @staticmethod
-    def _common_value(sampling_params_list, name: str):
-        values = {getattr(sp, name) for sp in sampling_params_list}
-        if len(values) > 1:
-            raise ValueError(f"requests batched together must share sampling_params.{name}, got {sorted(values)}")
-        return values.pop()
-
     def _batch_settings(self, req) -> BatchSettings:
-        """Settings the requests of one transformer batch must share, and each request's own."""
-        sps = req.sampling_params_list
-        height = self._common_value(sps, "height") or self.default_sample_size * self.vae_scale_factor
-        width = self._common_value(sps, "width") or self.default_sample_size * self.vae_scale_factor
-        height, width = normalize_min_aligned_size(height, width, self.vae_scale_factor * 2)
-        num_steps = self._common_value(sps, "num_inference_steps") or 50
-        cfg_scale = self._common_value(sps, "true_cfg_scale") or DEFAULT_TRUE_CFG_SCALE
-        requests = [parse_rollout_request(p, sp, num_steps) for p, sp in zip(req.prompts, sps, strict=True)]
-        sde_types = {r.sde_type for r in requests}
-        if len(sde_types) > 1:
-            raise ValueError(f"requests batched together must share extra_args['sde_type'], got {sorted(sde_types)}")
+        """Each request resolved per sample, and the settings the requests of one transformer batch share."""
+        requests = [parse_rollout_request(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
+        spec = shared_spec([r.spec for r in requests])
         with_neg = {r.negative_prompt_token_ids is not None for r in requests}
         if len(with_neg) > 1:
             raise ValueError("requests batched together must all have, or all lack, negative_prompt_token_ids")
-        return BatchSettings(
-            requests=requests,
-            height=height,
-            width=width,
-            num_steps=num_steps,
-            cfg_scale=cfg_scale,
-            do_true_cfg=with_neg.pop() and cfg_scale > 1,
-            sde_type=sde_types.pop(),
-        )
+        return BatchSettings(requests=requests, spec=spec, do_true_cfg=with_neg.pop() and spec.uses_cfg)
 
     def forward(self, req) -> list[DiffusionOutput]:
         """Denoise all requests of ``req`` in one transformer batch and return one output per request."""
@@ -263,32 +153,31 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         cond = Conditioning(*self._per_sample_embeds(requests, negative=False))
         if settings.do_true_cfg:
             cond.negative_embeds, cond.negative_mask = self._per_sample_embeds(requests, negative=True)
-        generators = [g for r in requests for g in r.generators(self.device)]
+        recorder = RolloutRecorder(requests, self.device)
         channels = self.transformer.in_channels // 4
         latents = self.prepare_latents(
-            len(generators), channels, settings.height, settings.width, cond.embeds.dtype, self.device, generators
+            recorder.num_samples,
+            channels,
+            settings.height,
+            settings.width,
+            cond.embeds.dtype,
+            self.device,
+            recorder.generators,
         )
-        timesteps, _ = self.prepare_timesteps(settings.num_steps, None, latents.shape[1])
+        timesteps, _ = self.prepare_timesteps(settings.spec.num_inference_steps, None, latents.shape[1])
         self._num_timesteps = len(timesteps)
-        state = RolloutState(
-            latents=latents,
-            timesteps=timesteps,
-            noise_levels=[[lv for r in requests for lv in r.noise_levels_at(i)] for i in range(len(timesteps))],
-            generators=generators,
-            sde_type=settings.sde_type,
-            sigmas=schedule_sigmas(self.scheduler, latents.device),
-        )
+        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
 
-        # 3. Denoise: stock CFG prediction, our SDE step.
-        self._denoise(state, cond, settings)
+        # 3. Denoise: stock CFG prediction, the recorder's step.
+        latents = self._denoise(recorder, latents, timesteps, cond, settings)
         self._current_timestep = None
 
         # 4. Decode and split per request.
         # fp32 on the device: vLLM-Omni's transfer and post-process would each cast bf16 images on the host
-        images = self._decode_latents(state.latents, settings.height, settings.width, "pt").output.float()
+        images = self._decode_latents(latents, settings.height, settings.width, "pt").output.float()
         if not bool(torch.isfinite(images).all()):
             raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
-        return self._split_outputs(requests, state, images, cond)
+        return self._split_outputs(recorder, images, cond)
 
     def _decode_latents(self, latents: torch.Tensor, height: int, width: int, output_type: str = "pil"):
         """The stock decode, :data:`VAE_DECODE_CHUNK` images per VAE call."""
@@ -297,15 +186,15 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             chunks.append(super()._decode_latents(chunk, height, width, output_type))
         return DiffusionOutput(output=torch.cat([c.output for c in chunks]), stage_durations=chunks[0].stage_durations)
 
-    def _denoise(self, state: RolloutState, cond: Conditioning, settings: BatchSettings) -> None:
-        batch = state.latents.shape[0]
+    def _denoise(self, recorder, latents, timesteps, cond: Conditioning, settings: BatchSettings) -> torch.Tensor:
+        batch = latents.shape[0]
         side = self.vae_scale_factor * 2
         img_shapes = [[(1, settings.height // side, settings.width // side)]] * batch
         self.transformer.do_true_cfg = settings.do_true_cfg
-        for t in state.timesteps:
+        for t in timesteps:
             self._current_timestep = t
             positive, negative, output_slice = self._build_denoise_kwargs(
-                latents=state.latents,
+                latents=latents,
                 timestep=t,
                 guidance=None,
                 prompt_embeds=cond.embeds,
@@ -320,13 +209,14 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             )
             noise_pred = self.predict_noise_maybe_with_cfg(
                 settings.do_true_cfg,
-                settings.cfg_scale,
+                settings.spec.true_cfg_scale,
                 positive,
                 negative,
                 cfg_normalize=True,
                 output_slice=output_slice,
             )
-            self.step_scheduler(state, noise_pred)
+            latents = self.step_scheduler(recorder, noise_pred, latents)
+        return latents
 
     @staticmethod
     def _trim(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,25 +224,12 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         length = int(mask.sum(dim=1).max())
         return embeds[:, :length].detach().cpu(), mask[:, :length].detach().cpu()
 
-    @staticmethod
-    def _window_trajectory(state: RolloutState, rows: range) -> dict[str, torch.Tensor]:
-        """The recorded window of ``rows``; an ODE request (noise level 0) recorded none: W = 0."""
-        return stack_windows(
-            [state.window_latents[i] for i in rows],
-            [state.window_log_probs[i] for i in rows],
-            [state.window_timesteps[i] for i in rows],
-            state.latents.shape[1:],
-        )
-
-    def _split_outputs(self, requests, state: RolloutState, images: torch.Tensor, cond: Conditioning):
+    def _split_outputs(self, recorder: RolloutRecorder, images: torch.Tensor, cond: Conditioning):
         outputs = []
-        start = 0
-        for r in requests:
-            rows = range(start, start + r.num_samples)
+        for rows, recorded in zip(recorder.rows(), recorder.split(), strict=True):
             embeds, mask = self._trim(cond.embeds[rows.start : rows.stop], cond.mask[rows.start : rows.stop])
             trajectory = {
-                **self._window_trajectory(state, rows),
-                "window_start": torch.tensor(r.window_starts),
+                **recorded,
                 "prompt_embeds": embeds,
                 "prompt_embeds_mask": mask,
             }
@@ -367,5 +244,4 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
             outputs.append(
                 DiffusionOutput(output={"payload": {"image": images[rows.start : rows.stop], "trajectory": trajectory}})
             )
-            start = rows.stop
         return outputs

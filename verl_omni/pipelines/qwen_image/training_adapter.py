@@ -44,6 +44,11 @@ class QwenImageTrainingAdapter(ModelAdapter):
     rollout_pipeline = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
     transformer_subfolder = "transformer"
     tokenizer_subfolder = "tokenizer"
+    # 8x VAE, latents packed 2x2: image sides divide by 16
+    latent_multiple = 16
+    # true CFG with a negative prompt, the combined velocity rescaled to the conditional one's norm
+    guidance_style = "true_cfg"
+    default_true_cfg_scale = 4.0
     # diffusers pipeline whose save_lora_weights / load_lora_weights define the LoRA file format
     lora_file_pipeline = "QwenImagePipeline"
     # the rollout records the prompt embeddings (and the negative ones under true CFG)

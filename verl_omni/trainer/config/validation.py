@@ -97,12 +97,9 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
 def _check_model(configs: FlowGRPOConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
-    unknown = sorted(set(configs.rollout.model_kwargs) - set(adapter.sampling_keys))
-    if unknown:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.model_kwargs has keys {unknown} that {adapter.__name__} does not read; "
-            f"its sampling keys: {list(adapter.sampling_keys)}"
-        )
+    # the sampling spec refuses what the model cannot honour (size multiple, guidance style, model_kwargs)
+    for validate in (False, True):
+        configs.rollout.sampling_spec(validate, adapter, f"actor_rollout_ref.model.path={configs.model.path}")
     if configs.actor.use_rollout_log_probs and adapter.rollout_dtype not in (None, "float32"):
         raise ValueError(
             f"actor_rollout_ref.actor.use_rollout_log_probs=true with {adapter.__name__}: its rollout computes in "

@@ -78,7 +78,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
         # what the actor replays (docs/actor.md, batch format): the trajectory and the model's conditioning
-        self.replay_keys = TRAJECTORY_KEYS + configs.model.adapter.required_keys(configs.rollout.uses_cfg)
+        uses_cfg = configs.rollout.sampling_spec(adapter=configs.model.adapter).uses_cfg
+        self.replay_keys = TRAJECTORY_KEYS + configs.model.adapter.required_keys(uses_cfg)
         self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
@@ -341,10 +342,10 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        if not self.recompute_old_log_prob:
-            # bypass: the rollout sampled with the actor's current weights (synced every step)
-            batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"]
-        extra = ("old_log_probs", "advantages") + (("ref_prev_sample_mean",) if self.use_reference_policy else ())
+        # log π_old: the actor's recomputed old_log_probs, or in bypass the rollout's own rollout_log_probs (the
+        # rollout sampled with the actor's current weights, synced every step)
+        old_key = self.configs.actor.old_log_prob_key
+        extra = (old_key, "advantages") + (("ref_prev_sample_mean",) if self.use_reference_policy else ())
         output = self.actor_rollout_wg.update_actor(self._actor_input(batch, extra))
         # one value per rank, equal (the actor reduces over ranks already)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
@@ -363,7 +364,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
         # a key the rollout did not record is reported by the actor's replay check, naming it
         keys = [k for k in self.replay_keys if k in batch.batch.keys()] + list(extra)
-        return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["replay_spec"])
+        return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["sampling_spec"])
 
     # ---- validation, metrics, logging ------------------------------------------------------
 

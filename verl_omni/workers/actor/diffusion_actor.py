@@ -16,10 +16,10 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from verl.utils.device import get_device_id
 
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.config.actor import DiffusionActorConfig
-from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, REPLAY_SPEC_KEY
+from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, SAMPLING_SPEC_KEY
 from verl_omni.workers.utils.losses import make_policy_loss
-from verl_omni.workers.utils.replay import ReplaySpec
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +37,13 @@ class DiffusionActor:
         self.config = config
         self.loss_fn = make_policy_loss(config)
 
-    def _prepare(self, data: TensorDict, spec: ReplaySpec) -> TensorDict:
+    def _prepare(self, data: TensorDict, spec: SamplingSpec) -> TensorDict:
         data = data.clone(recurse=False)
-        data.set_non_tensor(REPLAY_SPEC_KEY, spec)
+        data.set_non_tensor(SAMPLING_SPEC_KEY, spec)
         data.set_non_tensor(MICRO_BATCH_KEY, self.config.ppo_micro_batch_size_per_gpu)
         return data
 
-    def infer(self, data: TensorDict, spec: ReplaySpec, reference: bool = False) -> dict[str, torch.Tensor]:
+    def infer(self, data: TensorDict, spec: SamplingSpec, reference: bool = False) -> dict[str, torch.Tensor]:
         """Replay without grad: ``log_probs`` ``[B, W]`` and ``prev_sample_mean`` ``[B, W, N, C]`` (fp32).
 
         With ``reference=True`` the LoRA is disabled: the base model, i.e. the reference policy.
@@ -52,15 +52,15 @@ class DiffusionActor:
             out = self.engine.infer_batch(self._prepare(data, spec))
         return {"log_probs": out["log_probs"], "prev_sample_mean": out["prev_sample_mean"]}
 
-    def compute_log_prob(self, data: TensorDict, spec: ReplaySpec) -> torch.Tensor:
+    def compute_log_prob(self, data: TensorDict, spec: SamplingSpec) -> torch.Tensor:
         """log π_old of every recorded transition, ``[B, W]`` fp32."""
         return self.infer(data, spec)["log_probs"]
 
-    def compute_ref_prev_sample_mean(self, data: TensorDict, spec: ReplaySpec) -> torch.Tensor:
+    def compute_ref_prev_sample_mean(self, data: TensorDict, spec: SamplingSpec) -> torch.Tensor:
         """μ_ref of every recorded transition (LoRA disabled), ``[B, W, N, C]`` fp32."""
         return self.infer(data, spec, reference=True)["prev_sample_mean"]
 
-    def update_policy(self, data: TensorDict, spec: ReplaySpec) -> dict[str, float]:
+    def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:
         """One Flow-GRPO update on ``data`` (needs ``old_log_probs``, ``advantages``); returns ``actor/*`` metrics."""
         local = self.config.ppo_mini_batch_size // self.engine.get_data_parallel_size()
         size = data.batch_size[0]
@@ -91,7 +91,7 @@ class DiffusionActor:
             order = torch.arange(size)
         for start in range(0, size, local):
             mini_batch = data[order[start : start + local]]
-            mini_batch.set_non_tensor(REPLAY_SPEC_KEY, data.get_non_tensor(REPLAY_SPEC_KEY))
+            mini_batch.set_non_tensor(SAMPLING_SPEC_KEY, data.get_non_tensor(SAMPLING_SPEC_KEY))
             mini_batch.set_non_tensor(MICRO_BATCH_KEY, data.get_non_tensor(MICRO_BATCH_KEY))
             yield mini_batch
 

@@ -79,6 +79,12 @@ class DiffusionActorConfig(BaseConfig):
         if optim.clip_grad is not None and not optim.clip_grad > 0:
             raise ValueError(f"actor.optim.clip_grad must be > 0, got {optim.clip_grad!r}")
 
+    @property
+    def old_log_prob_key(self) -> str:
+        """The batch key the loss reads log π_old from: the rollout's own ``rollout_log_probs`` (bypass) or the
+        actor's recomputed ``old_log_probs`` (a different tensor, hence a different name)."""
+        return "rollout_log_probs" if self.use_rollout_log_probs else "old_log_probs"
+
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size."""
         if self.ppo_mini_batch_size % dp_size:

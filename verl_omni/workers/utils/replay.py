@@ -1,7 +1,8 @@
 """Replay of recorded rollout transitions: the trainer's side of the Flow-GRPO log-probability.
 
 The rollout records, per sample, the W+1 latents and W timesteps of its SDE window plus the
-prompt embeddings. Replaying step j means predicting the velocity at (latents_j, t_j) with the
+prompt embeddings; the rollout's :class:`~verl_omni.pipelines.sampling.SamplingSpec` says how it
+sampled (``meta_info["sampling_spec"]``). Replaying step j means predicting the velocity at (latents_j, t_j) with the
 policy being trained, then evaluating the shared SDE step at the recorded latents_{j+1}: that
 gives log π_θ, μ_θ and s. There is one implementation of this (here) and of the step itself
 (:mod:`verl_omni.pipelines.schedulers.flow_match_sde`); the engine, the one-process sanity step
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 import torch
 
-from verl_omni.pipelines.schedulers.flow_match_sde import SDE_TYPES, SDEStepOutput, sde_step_with_logprob
+from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.schedulers.flow_match_sde import SDEStepOutput, sde_step_with_logprob
 
 logger = logging.getLogger(__name__)
 
@@ -25,53 +26,14 @@ logger = logging.getLogger(__name__)
 TRAJECTORY_KEYS = ("all_latents", "all_timesteps")
 
 
-@dataclass(frozen=True)
-class ReplaySpec:
-    """How the rollout sampled, which the replay must reproduce exactly.
-
-    Args:
-        num_inference_steps (int): denoising steps of the rollout's schedule.
-        height (int): image height in pixels.
-        width (int): image width in pixels.
-        noise_level (float): SDE noise level a inside the window (> 0).
-        sde_type (str): ``"sde"`` or ``"cps"``.
-        true_cfg_scale (float): CFG scale of the text condition; <= 1 means no CFG (no negative prompt needed).
-        model_kwargs (dict): further model-specific sampling settings the adapter reads (BAGEL: timestep
-            shift, image-CFG scale, CFG interval and renormalization).
-    """
-
-    num_inference_steps: int
-    height: int
-    width: int
-    noise_level: float = 0.7
-    sde_type: str = "sde"
-    true_cfg_scale: float = 1.0
-    model_kwargs: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.num_inference_steps < 1:
-            raise ValueError(f"replay num_inference_steps must be >= 1, got {self.num_inference_steps}")
-        if self.height < 1 or self.width < 1:
-            raise ValueError(f"replay height/width must be >= 1, got {self.height}x{self.width}")
-        if not self.noise_level > 0:
-            raise ValueError(
-                f"replay noise_level must be > 0 (the recorded steps are stochastic), got {self.noise_level}"
-            )
-        if self.sde_type not in SDE_TYPES:
-            raise ValueError(f"replay sde_type must be one of {SDE_TYPES}, got {self.sde_type!r}")
-
-    @property
-    def uses_cfg(self) -> bool:
-        return self.true_cfg_scale > 1.0
-
-
 def num_replay_steps(batch: Mapping[str, torch.Tensor]) -> int:
     """W, the number of recorded transitions per sample."""
     return int(batch["all_timesteps"].shape[1])
 
 
-def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec, adapter) -> None:
+def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: SamplingSpec, adapter) -> None:
     """Fail early, naming the missing or inconsistent field, before any model work."""
+    spec.require_stochastic()
     conditioning = adapter.required_keys(spec.uses_cfg)
     missing = [k for k in TRAJECTORY_KEYS + conditioning if k not in batch.keys()]
     if missing:
@@ -81,7 +43,7 @@ def check_replay_batch(batch: Mapping[str, torch.Tensor], spec: ReplaySpec, adap
     adapter.check_latents(batch["all_latents"], batch["all_timesteps"])
 
 
-def prepare_scheduler(adapter, scheduler, spec: ReplaySpec, image_seq_len: int) -> None:
+def prepare_scheduler(adapter, scheduler, spec: SamplingSpec, image_seq_len: int) -> None:
     """Set the scheduler to the rollout's schedule for this resolution."""
     adapter.set_schedule(scheduler, spec, image_seq_len)
 
@@ -92,7 +54,7 @@ def replay_step(
     scheduler,
     batch: Mapping[str, torch.Tensor],
     step: int,
-    spec: ReplaySpec,
+    spec: SamplingSpec,
     vae_scale_factor: int = 1,
 ) -> SDEStepOutput:
     """log π_θ(x_{j+1} | x_j), μ_θ and s of recorded step ``step`` for every sample of ``batch``.

@@ -20,7 +20,7 @@ def replay_diff(model_path, outputs, spec, lora=None, autocast=False) -> float:
     check_replay_batch(batch, spec, adapter)
     scheduler = adapter.build_scheduler(model_path)
     prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
-    recorded = torch.stack([o.log_probs for o in outputs])
+    recorded = torch.stack([o.rollout_log_probs for o in outputs])
     window = recorded.shape[1]
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         replayed = torch.stack(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from bagel_helpers import replay_diff
 
-from verl_omni.workers.utils.replay import ReplaySpec
+from verl_omni.pipelines.sampling import SamplingSpec
 
 H = W = 32
 STEPS = 4
@@ -60,7 +60,7 @@ def test_generate_returns_images_log_probs_and_the_trajectory_per_sample(recorde
     assert len(recorded) == 2
     for out in recorded:
         assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == (3, H, W)
-        assert out.log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.log_probs).all())
+        assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
         extra = out.extra_fields
         # packed latent tokens: (H/16)·(W/16) tokens of 2·2·16 channels
         assert extra["all_latents"].shape == (WINDOW + 1, (H // 16) * (W // 16), 64)
@@ -74,11 +74,11 @@ def test_generate_returns_images_log_probs_and_the_trajectory_per_sample(recorde
 def test_same_seed_reproduces_the_sample(loop, bagel_engine, bagel_prompts, recorded):
     (again,) = generate(loop, bagel_engine, bagel_prompts, request_id="again")
     assert torch.equal(again.diffusion_output, recorded[0].diffusion_output)
-    assert torch.equal(again.log_probs, recorded[0].log_probs)
+    assert torch.equal(again.rollout_log_probs, recorded[0].rollout_log_probs)
 
 
 def _replay(model_path, outputs, lora=None, autocast=False) -> float:
-    return replay_diff(model_path, outputs, ReplaySpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
+    return replay_diff(model_path, outputs, SamplingSpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
 
 
 def test_replay_reproduces_rollout_log_probs(recorded, tiny_bagel_path):
@@ -137,5 +137,5 @@ def test_ode_request_returns_the_image_and_an_empty_window(loop, bagel_engine, b
     """Validation samples the ODE (noise level 0): nothing is recorded, W = 0."""
     (out,) = generate(loop, bagel_engine, bagel_prompts, request_id="ode", noise_level=0.0)
     assert out.diffusion_output.shape == (3, H, W)
-    assert out.log_probs.shape == (0,)
+    assert out.rollout_log_probs.shape == (0,)
     assert out.extra_fields["all_latents"].shape == (0, (H // 16) * (W // 16), 64)

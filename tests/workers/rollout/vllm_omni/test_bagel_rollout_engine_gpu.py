@@ -11,7 +11,7 @@ import pytest
 import torch
 from bagel_helpers import replay_diff
 
-from verl_omni.workers.utils.replay import ReplaySpec
+from verl_omni.pipelines.sampling import SamplingSpec
 
 H = W = 64
 STEPS = 4
@@ -56,7 +56,7 @@ def test_thinker_dit_generates_with_log_probs_per_sample(loop, thinker_dit_engin
     outs = generate(loop, thinker_dit_engine, ids, "gpu-logprobs", n=2)
     assert len(outs) == 2
     for out in outs:
-        assert out.log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.log_probs).all())
+        assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
         assert out.extra_fields["all_latents"].shape[0] == WINDOW + 1
         assert out.extra_fields["all_timesteps"].shape == (WINDOW,)
     assert not torch.equal(outs[0].diffusion_output, outs[1].diffusion_output)
@@ -71,7 +71,7 @@ def test_thinker_dit_rollout_replays_with_the_training_module(loop, thinker_dit_
             ids, SAMPLING, "gpu-replay", num_outputs_per_prompt=2, negative_prompt_token_ids=[]
         )
     )
-    spec = ReplaySpec(STEPS, H, W, SAMPLING["noise_level"], "sde", SAMPLING["true_cfg_scale"])
+    spec = SamplingSpec(STEPS, H, W, SAMPLING["noise_level"], "sde", SAMPLING["true_cfg_scale"])
     diff = replay_diff(tiny_bagel_bf16_path, outs, spec)
     print(f"BAGEL thinker + DiT rollout vs training-module replay: max |log-prob diff| {diff:.3e}")
     assert diff <= REPLAY_BOUND

@@ -42,7 +42,7 @@ def test_generate_returns_image_log_probs_trajectory_and_embeds(loop, engine, pr
     (out,) = generate(loop, engine, prompts, request_id="shape")
     assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == (3, H, W)
     assert int(out.diffusion_output.max()) > int(out.diffusion_output.min())
-    assert out.log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.log_probs).all())
+    assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
     extra = out.extra_fields
     assert extra["all_latents"].shape[0] == WINDOW + 1
     assert extra["all_timesteps"].shape == (WINDOW,)
@@ -58,7 +58,7 @@ def test_same_seed_same_image_other_seed_other_image(loop, engine, prompts):
     (b,) = generate(loop, engine, prompts, request_id="seed-b")
     (c,) = generate(loop, engine, prompts, request_id="seed-c", seed=8)
     assert torch.equal(a.diffusion_output, b.diffusion_output)
-    assert torch.equal(a.log_probs, b.log_probs)
+    assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
     assert not torch.equal(a.diffusion_output, c.diffusion_output)
 
 
@@ -70,7 +70,7 @@ def test_generate_batched_gives_distinct_samples_and_n1_matches_generate(loop, e
     (single,) = generate(loop, engine, prompts, n=1, request_id="batched-1")
     (plain,) = generate(loop, engine, prompts, request_id="plain")
     assert single.diffusion_output.shape == plain.diffusion_output.shape
-    assert single.log_probs.shape == plain.log_probs.shape
+    assert single.rollout_log_probs.shape == plain.rollout_log_probs.shape
     assert {k: tuple(getattr(v, "shape", ())) for k, v in single.extra_fields.items()} == {
         k: tuple(getattr(v, "shape", ())) for k, v in plain.extra_fields.items()
     }
@@ -144,7 +144,7 @@ def test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer(loop, en
                 step = sde_step_with_logprob(
                     scheduler, v, t, x, noise_level=NOISE, prev_sample=extra["all_latents"][k + 1][None]
                 )
-            max_diff = max(max_diff, float((step.log_prob[0] - out.log_probs[k]).abs()))
+            max_diff = max(max_diff, float((step.log_prob[0] - out.rollout_log_probs[k]).abs()))
     print(f"rollout vs diffusers replay: max |log_prob diff| = {max_diff:.3e}")
     # measured 1.2e-07 on CPU fp32; the issue allows 1e-4
     assert max_diff <= 1e-5
@@ -181,7 +181,7 @@ def test_lora_push_changes_the_image_and_zero_lora_restores_it_exactly(loop, eng
     loop.run(engine.load_lora_tensors(zero_config, zero_tensors))
     (restored,) = generate(loop, engine, prompts, request_id="lora-zero")
     assert torch.equal(restored.diffusion_output, base.diffusion_output)
-    assert torch.equal(restored.log_probs, base.log_probs)
+    assert torch.equal(restored.rollout_log_probs, base.rollout_log_probs)
 
 
 def test_lora_whose_names_match_no_module_or_only_some_fails_loudly(loop, engine, prompts, lora_cleanup):

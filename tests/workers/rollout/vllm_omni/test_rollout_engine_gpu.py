@@ -32,7 +32,7 @@ def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, id
         bf16_engine.engine_call(prompt, SAMPLING, "gpu-4", num_outputs_per_prompt=4, negative_prompt_token_ids=negative)
     )
     assert len(outs) == 4
-    lp = torch.stack([o.log_probs for o in outs])
+    lp = torch.stack([o.rollout_log_probs for o in outs])
     print(f"cuda bf16 rollout: log_probs {lp.tolist()}")
     assert lp.shape == (4, 2) and bool(torch.isfinite(lp).all())
     assert all(o.diffusion_output.shape == (3, 64, 64) and o.diffusion_output.dtype == torch.uint8 for o in outs)

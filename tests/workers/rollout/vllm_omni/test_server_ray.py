@@ -58,7 +58,7 @@ def test_server_generate_and_generate_batched(server, prompt_ids):
 
     single = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-1"))
     assert single.diffusion_output.shape == (3, 32, 32) and single.diffusion_output.dtype == torch.uint8
-    assert single.log_probs.shape == (2,) and "negative_prompt_embeds" not in single.extra_fields
+    assert single.rollout_log_probs.shape == (2,) and "negative_prompt_embeds" not in single.extra_fields
     batch = ray.get(server.generate_batched.remote(prompt_ids, SAMPLING, "srv-3", num_outputs_per_prompt=3))
     assert len(batch) == 3
     assert torch.equal(batch[0].diffusion_output, single.diffusion_output)

@@ -32,9 +32,9 @@ from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
 from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.engine.fsdp import checkpoint
 from verl_omni.workers.utils.replay import (
-    ReplaySpec,
     check_replay_batch,
     num_replay_steps,
     prepare_scheduler,
@@ -43,7 +43,8 @@ from verl_omni.workers.utils.replay import (
 
 logger = logging.getLogger(__name__)
 
-REPLAY_SPEC_KEY = "replay_spec"
+# where the rollout's SamplingSpec travels: DataProto.meta_info and the TensorDict's non-tensor data
+SAMPLING_SPEC_KEY = "sampling_spec"
 MICRO_BATCH_KEY = "micro_batch_size_per_gpu"
 
 
@@ -170,7 +171,7 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     # ---- replay ---------------------------------------------------------------------------
 
-    def replay(self, micro_batch: TensorDict, step: int, spec: ReplaySpec):
+    def replay(self, micro_batch: TensorDict, step: int, spec: SamplingSpec):
         """log π_θ, μ_θ, s of recorded step ``step`` for one micro-batch (see :func:`replay_step`)."""
         return replay_step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
 
@@ -184,9 +185,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         Returns:
             ``{"log_probs": [B, W], "prev_sample_mean": [B, W, N, C] (forward only), "metrics": {name: [values]}}``.
         """
-        spec = data.get_non_tensor(REPLAY_SPEC_KEY)
-        if not isinstance(spec, ReplaySpec):
-            raise KeyError(f"data must carry a ReplaySpec under non-tensor key {REPLAY_SPEC_KEY!r}")
+        spec = data.get_non_tensor(SAMPLING_SPEC_KEY)
+        if not isinstance(spec, SamplingSpec):
+            raise KeyError(f"data must carry a SamplingSpec under non-tensor key {SAMPLING_SPEC_KEY!r}")
         check_replay_batch(data, spec, self.adapter)
         prepare_scheduler(self.adapter, self.scheduler, spec, data["all_latents"].shape[2])
         size, steps = data.batch_size[0], num_replay_steps(data)

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.workers.config.rollout import DEFAULT_ENGINE_START_TIMEOUT_S, ENGINE_START_TIMEOUT_KEY
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
@@ -29,37 +30,31 @@ WORKER_EXTENSION_CLASS = "verl_omni.workers.rollout.vllm_omni.worker_extension.O
 # no new request came for 50 ms, or ``max_batch_requests`` are queued).
 DEFAULT_BATCH_WAIT_MS = 500.0
 
-# sampling keys that map onto OmniDiffusionSamplingParams fields
-_DIFFUSION_KEYS = ("height", "width", "num_inference_steps", "true_cfg_scale", "seed", "guidance_scale")
-# Flow-GRPO keys read by the rollout pipeline from extra_args
-_SDE_KEYS = ("sde_type", "noise_level", "sde_window_size", "sde_window_range", "seeds")
-# keys verl's agent loops send for text models; meaningless for diffusion, ignored
-_IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
-
 
 def build_sampling_params(
-    sampling_params: dict[str, Any],
-    num_outputs_per_prompt: int,
-    lora_request=None,
-    model_keys: tuple[str, ...] = (),
+    sampling_params: dict[str, Any], num_outputs_per_prompt: int, lora_request=None, adapter=None
 ):
-    """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict; ``model_keys`` (the model
-    adapter's ``sampling_keys``, e.g. BAGEL's schedule shift and CFG settings) go to ``extra_args`` too."""
+    """``OmniDiffusionSamplingParams`` for one request from the caller's flat dict (the fields of a
+    :class:`~verl_omni.pipelines.sampling.SamplingSpec`, plus an optional ``seed``): the stock fields the
+    engine reads, and the whole spec in ``extra_args['sampling_spec']`` for the rollout pipeline. With the
+    model ``adapter``, unset guidance takes the model's default and settings the model cannot honour are
+    refused here, before the engine sees them."""
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    unknown = set(sampling_params) - set(_DIFFUSION_KEYS) - set(_SDE_KEYS) - set(model_keys) - set(_IGNORED_LLM_KEYS)
-    if unknown:
-        raise ValueError(
-            f"sampling_params has unknown keys {sorted(unknown)}; "
-            f"diffusion keys: {_DIFFUSION_KEYS}, Flow-GRPO keys: {_SDE_KEYS}, this model's keys: {model_keys}"
-        )
-    fields = {k: sampling_params[k] for k in _DIFFUSION_KEYS if sampling_params.get(k) is not None}
-    if "guidance_scale" in fields:
-        fields["guidance_scale_provided"] = True
-    extra = {k: sampling_params[k] for k in _SDE_KEYS + tuple(model_keys) if sampling_params.get(k) is not None}
+    spec, seed = SamplingSpec.from_request_params(sampling_params, adapter)
+    fields = {
+        "height": spec.height,
+        "width": spec.width,
+        "num_inference_steps": spec.num_inference_steps,
+        "true_cfg_scale": spec.true_cfg_scale,
+    }
+    if spec.guidance_scale is not None:
+        fields |= {"guidance_scale": spec.guidance_scale, "guidance_scale_provided": True}
+    if seed is not None:
+        fields["seed"] = seed
     return OmniDiffusionSamplingParams(
         num_outputs_per_prompt=num_outputs_per_prompt,
-        extra_args=extra,
+        extra_args={EXTRA_ARGS_KEY: spec.to_dict()},
         lora_request=lora_request,
         **fields,
     )
@@ -71,16 +66,13 @@ def _image_to_uint8(image) -> torch.Tensor:
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
 
 
-# trajectory payload entries renamed in the per-sample ``extra_fields`` (the rest keep their names)
-_EXTRA_FIELD_NAMES = {"latents": "all_latents", "timesteps": "all_timesteps"}
-
-
 def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
     """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
 
-    Every rollout pipeline returns the same layout, so nothing here depends on the model: each
-    trajectory entry has N rows; ``log_probs`` becomes the sample's ``log_probs``, the others its
-    ``extra_fields`` (``latents``/``timesteps`` as ``all_latents``/``all_timesteps``).
+    Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
+    uses, plus the model's conditioning), so nothing here depends on the model: each trajectory entry
+    has N rows; ``rollout_log_probs`` becomes the sample's ``rollout_log_probs``, the others its
+    ``extra_fields`` under the same names.
     """
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None:
@@ -93,17 +85,17 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     for name, value in trajectory.items():
         if value.shape[0] != num_outputs_per_prompt:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
-    for name in ("latents", "log_probs", "timesteps"):
+    for name in ("all_latents", "rollout_log_probs", "all_timesteps"):
         if not bool(torch.isfinite(trajectory[name]).all()):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
     outputs = []
     for i, image in enumerate(output.images):
-        extra = {_EXTRA_FIELD_NAMES.get(k, k): v[i] for k, v in trajectory.items() if k != "log_probs"}
+        extra = {k: v[i] for k, v in trajectory.items() if k != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
                 diffusion_output=_image_to_uint8(image),
-                log_probs=trajectory["log_probs"][i],
+                rollout_log_probs=trajectory["rollout_log_probs"][i],
                 extra_fields=extra,
             )
         )
@@ -144,7 +136,7 @@ class OmniRolloutEngine:
         self.max_batch_requests = max_batch_requests
         adapter = get_training_adapter(model_path)
         self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
-        self.model_keys = adapter.sampling_keys
+        self.adapter = adapter
         self.engine_start_timeout_s = engine_start_timeout_s
         self.engine_kwargs = {
             "request_batch_max_wait_ms": DEFAULT_BATCH_WAIT_MS,
@@ -219,7 +211,7 @@ class OmniRolloutEngine:
         if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
             raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
         params = build_sampling_params(
-            sampling_params, num_outputs_per_prompt, lora_request or self.active_lora, self.model_keys
+            sampling_params, num_outputs_per_prompt, lora_request or self.active_lora, self.adapter
         )
         if lora_scale is not None:
             params.lora_scale = float(lora_scale)

@@ -14,7 +14,8 @@ class DiffusionOutput:
 
     Args:
         diffusion_output (`torch.Tensor`, uint8 ``[3, H, W]``): the image.
-        log_probs (`torch.Tensor`, ``[W]``): log-probs of the W recorded SDE transitions.
+        rollout_log_probs (`torch.Tensor`, ``[W]``): log-probs of the W recorded SDE transitions (the
+            trainer's batch key of the same name).
         extra_fields (`dict`): ``all_latents`` [W+1, S, C], ``all_timesteps`` [W], ``window_start``,
             ``prompt_embeds`` [L, D], ``prompt_embeds_mask`` [L] and, with CFG,
             ``negative_prompt_embeds`` / ``negative_prompt_embeds_mask``.
@@ -23,7 +24,7 @@ class DiffusionOutput:
     """
 
     diffusion_output: torch.Tensor
-    log_probs: torch.Tensor
+    rollout_log_probs: torch.Tensor
     extra_fields: dict[str, Any] = field(default_factory=dict)
     stop_reason: str = "completed"
     num_preempted: int | None = None

@@ -1,0 +1,252 @@
+"""The model-neutral rollout recorder: per-sample seeds, SDE windows, the step, and the recorded trajectory.
+
+Every rollout pipeline (Qwen-Image, BAGEL, and a new model's) samples with it, so that what makes
+Flow-GRPO correct lives in one place: each sample has its own seed and generator (its noise and
+its window do not depend on what shares its transformer batch); a sample's W stochastic steps
+start at a seeded index in ``[r0, r1 − W]``; every other step is the exact Euler (ODE) step; the
+recorder keeps, per sample, the W+1 latents, W log-probs and W timesteps of its window, and hands
+them out split per request. Stepping never reads a value back to the host: the σ table, the noise
+levels and the window masks are on the latents' device, and which sample is inside its window at
+which step is known on the host from the seeds alone.
+
+A pipeline that writes its own loop uses it in four calls::
+
+    recorder = RolloutRecorder(requests, device)              # seeds, generators, windows
+    latents = self.prepare_latents(..., recorder.generators)  # per-sample initial noise
+    recorder.set_schedule(schedule_sigmas(scheduler, device), timesteps)
+    for t in timesteps:                                       # the model's own loop and CFG
+        latents = recorder.step(noise_pred, latents)
+    trajectories = recorder.split()                           # one dict per request, on the host
+
+A pipeline that keeps vLLM-Omni's own loop (SD3 and FLUX step through
+``scheduler_step_maybe_with_cfg`` → ``self.scheduler.step(...)``, Z-Image through
+``self.scheduler.step(...)``) runs it inside ``with recorder.recording(self):``, which puts a
+:class:`RecordingScheduler` in front of ``self.scheduler`` for the call: its ``step`` is the
+recorder's, the schedule is read from the real scheduler at the first step, and everything else
+(``set_timesteps``, ``sigmas``, ...) is the real scheduler's.
+
+The recorded tensors carry the names the trainer's batch and the loss use (one name end to
+end): ``all_latents`` ``[N, W+1, ...]``, ``rollout_log_probs`` ``[N, W]``, ``all_timesteps``
+``[N, W]`` and ``window_start`` ``[N]``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from diffusers.schedulers.scheduling_flow_match_euler_discrete import FlowMatchEulerDiscreteSchedulerOutput
+from diffusers.utils.torch_utils import randn_tensor
+
+from verl_omni.pipelines.rollout_request import RolloutRequest
+from verl_omni.pipelines.schedulers.flow_match_sde import ode_step, schedule_sigmas, sde_transition, step_dts
+
+logger = logging.getLogger(__name__)
+
+# the recorded tensors of one request, by their one name from the pipeline to the loss
+RECORDED_KEYS = ("all_latents", "rollout_log_probs", "all_timesteps", "window_start")
+
+
+class RolloutRecorder:
+    """Steps one transformer batch (all samples of ``requests``, request-major) and records its SDE windows.
+
+    Args:
+        requests (`Sequence[RolloutRequest]`): the batch's requests, each resolved per sample (seeds, windows).
+        device (`torch.device`): where the latents live (the σ table and the recordings stay there).
+        generator_device (`torch.device`, *optional*): where the per-sample generators draw; defaults to
+            ``device`` (BAGEL draws its initial noise on the CPU).
+    """
+
+    def __init__(
+        self, requests: Sequence[RolloutRequest], device: torch.device, generator_device: torch.device | None = None
+    ):
+        if not requests:
+            raise ValueError("a rollout recorder needs at least one request")
+        self.requests = list(requests)
+        self.device = torch.device(device)
+        gen_device = self.device if generator_device is None else torch.device(generator_device)
+        #: one generator per sample, seeded with the sample's seed: its initial noise, then its window's noise
+        self.generators = [g for r in self.requests for g in r.generators(gen_device)]
+        sde_types = {r.sde_type for r in self.requests}
+        if len(sde_types) > 1:
+            raise ValueError(f"requests batched together must share sde_type, got {sorted(sde_types)}")
+        self.sde_type = sde_types.pop()
+        # per sample (host): window start, window size and noise level; a level of 0 records nothing
+        self._starts = [s for r in self.requests for s in r.window_starts]
+        self._sizes = [r.window_size for r in self.requests for _ in r.seeds]
+        self._levels = [r.noise_level for r in self.requests for _ in r.seeds]
+        self.step_index = 0
+        self.sigmas: torch.Tensor | None = None
+        self._latents: list[list[torch.Tensor]] = [[] for _ in self.generators]
+        self._log_probs: list[list[torch.Tensor]] = [[] for _ in self.generators]
+        self._timesteps: list[list[torch.Tensor]] = [[] for _ in self.generators]
+        self._latent_shape: tuple[int, ...] = ()
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.generators)
+
+    def in_window(self, step: int) -> list[int]:
+        """The samples whose SDE window covers ``step`` (host-side, from the seeds alone)."""
+        return [
+            i
+            for i, (start, size, level) in enumerate(zip(self._starts, self._sizes, self._levels, strict=True))
+            if level > 0 and start <= step < start + size
+        ]
+
+    def set_schedule(self, sigmas: torch.Tensor, timesteps: torch.Tensor) -> None:
+        """The schedule: σ ``[T+1]`` (:func:`~verl_omni.pipelines.schedulers.flow_match_sde.schedule_sigmas`)
+        and the timesteps ``[T]`` recorded for each window step (the model's own, e.g. 1000σ or σ).
+
+        Reads σ back to the host once (the ODE steps' Δt); nothing is read back while stepping.
+        """
+        steps = len(sigmas) - 1
+        if len(timesteps) != steps:
+            raise ValueError(f"{len(timesteps)} timesteps for a schedule of {steps} steps (σ has {len(sigmas)})")
+        late = [(i, s) for i, (s, w) in enumerate(zip(self._starts, self._sizes, strict=True)) if s + w > steps]
+        if late:
+            raise ValueError(f"SDE windows (sample, start) {late} end after the schedule's {steps} steps")
+        self.sigmas = sigmas.to(device=self.device, dtype=torch.float32)
+        self.timesteps = timesteps.detach().to(self.device).float()
+        self.dts = step_dts(self.sigmas)
+        per_sample = list(zip(self._starts, self._sizes, self._levels, strict=True))
+        table = [[lv if start <= t < start + w else 0.0 for start, w, lv in per_sample] for t in range(steps)]
+        # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step
+        self.noise_level_table = torch.tensor(table, dtype=torch.float32).to(self.device)
+        self.step_index = 0
+
+    # ---- stepping ------------------------------------------------------------------------------
+
+    def step(self, noise_pred: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """One step σ_k → σ_{k+1} of every sample: SDE inside a sample's window (recorded), exact Euler outside.
+
+        Args:
+            noise_pred (`torch.Tensor`, ``[B, ...]``): the velocity (after the model's guidance).
+            latents (`torch.Tensor`, ``[B, ...]``): x at step k.
+
+        Returns:
+            x at step k+1 in ``latents``' dtype.
+        """
+        if self.sigmas is None:
+            raise RuntimeError("RolloutRecorder.step before set_schedule(sigmas, timesteps)")
+        if latents.shape[0] != self.num_samples:
+            raise ValueError(f"latents hold {latents.shape[0]} samples, the recorder {self.num_samples}")
+        step = self.step_index
+        self.step_index += 1
+        self._latent_shape = tuple(latents.shape[1:])
+        active = self.in_window(step)
+        if not active:
+            # nobody in a window: the Euler step, without a noise draw
+            return ode_step(latents, noise_pred, self.dts[step]).to(latents.dtype)
+        levels = self.noise_level_table[step]
+        result = sde_transition(
+            noise_pred,
+            latents,
+            self.sigmas,
+            step,
+            levels,
+            sde_type=self.sde_type,
+            noise=self._window_noise(latents, active),
+        )
+        prev = result.prev_sample
+        if len(active) < self.num_samples:
+            # samples outside their window take the exact Euler step whatever the SDE type
+            inside = (levels > 0).reshape(-1, *([1] * (latents.ndim - 1)))
+            prev = torch.where(inside, prev, ode_step(latents, noise_pred, self.dts[step]))
+        recorded_t = self.timesteps[step]
+        for i in active:
+            # kept on the device until the split: a host copy here would stall the accelerator
+            if not self._latents[i]:
+                self._latents[i].append(latents[i].detach().float())
+            self._latents[i].append(result.prev_sample[i].detach())
+            self._log_probs[i].append(result.log_prob[i].detach())
+            self._timesteps[i].append(recorded_t)
+        return prev.to(latents.dtype)
+
+    def _window_noise(self, latents: torch.Tensor, active: list[int]) -> torch.Tensor:
+        """ε of this step, drawn from a sample's generator only inside its own window: a sample's noise
+        then does not depend on which samples share its batch (nor on their windows)."""
+        noise = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
+        shape = (1, *latents.shape[1:])
+        for i in active:
+            noise[i] = randn_tensor(shape, generator=self.generators[i], device=noise.device, dtype=noise.dtype)[0]
+        return noise
+
+    @contextmanager
+    def recording(self, pipeline: Any, attribute: str = "scheduler") -> Iterator[RolloutRecorder]:
+        """Inside the block, ``pipeline.<attribute>.step`` is this recorder's (:class:`RecordingScheduler`);
+        the pipeline's own scheduler is put back afterwards, also on errors."""
+        original = getattr(pipeline, attribute)
+        setattr(pipeline, attribute, RecordingScheduler(original, self))
+        try:
+            yield self
+        finally:
+            setattr(pipeline, attribute, original)
+
+    # ---- the recorded trajectories ---------------------------------------------------------------
+
+    def rows(self) -> list[range]:
+        """The batch rows of each request, in order."""
+        bounds, start = [], 0
+        for r in self.requests:
+            bounds.append(range(start, start + r.num_samples))
+            start += r.num_samples
+        return bounds
+
+    def split(self) -> list[dict[str, torch.Tensor]]:
+        """Per request, on the host: ``all_latents`` ``[N, W+1, ...]`` (fp32), ``rollout_log_probs`` ``[N, W]``,
+        ``all_timesteps`` ``[N, W]``, ``window_start`` ``[N]``; an ODE request (noise level 0) has W = 0."""
+        incomplete = [i for i in range(self.num_samples) if len(self._log_probs[i]) not in (0, self._sizes[i])]
+        if incomplete:
+            raise RuntimeError(f"samples {incomplete} stopped inside their SDE window (step {self.step_index})")
+        return [self._request_trajectory(r, rows) for r, rows in zip(self.requests, self.rows(), strict=True)]
+
+    def _request_trajectory(self, request: RolloutRequest, rows: range) -> dict[str, torch.Tensor]:
+        n = len(rows)
+        if not any(self._log_probs[i] for i in rows):
+            out = {
+                "all_latents": torch.empty(n, 0, *self._latent_shape),
+                "rollout_log_probs": torch.empty(n, 0),
+                "all_timesteps": torch.empty(n, 0),
+            }
+        else:
+            out = {
+                "all_latents": torch.stack([torch.stack(self._latents[i]) for i in rows]).cpu(),
+                "rollout_log_probs": torch.stack([torch.stack(self._log_probs[i]) for i in rows]).cpu(),
+                "all_timesteps": torch.stack([torch.stack(self._timesteps[i]) for i in rows]).cpu(),
+            }
+        out["window_start"] = torch.tensor(request.window_starts)
+        return out
+
+
+class RecordingScheduler:
+    """A pipeline's scheduler whose ``step`` is a :class:`RolloutRecorder`'s (see :meth:`RolloutRecorder.recording`).
+
+    ``step(model_output, timestep, sample, ..., return_dict=True)`` has diffusers' flow-match signature, so a
+    stock denoising loop runs unchanged; the recorder takes its schedule from the wrapped scheduler (σ and
+    timesteps, as its ``set_timesteps`` left them) at the first step unless it was set already. Every other
+    attribute is the wrapped scheduler's.
+    """
+
+    def __init__(self, scheduler: Any, recorder: RolloutRecorder):
+        self._scheduler = scheduler
+        self._recorder = recorder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scheduler, name)
+
+    def step(self, model_output: torch.Tensor, timestep: Any, sample: torch.Tensor, *args, return_dict=True, **kwargs):
+        recorder = self._recorder
+        if recorder.sigmas is None:
+            recorder.set_schedule(schedule_sigmas(self._scheduler, sample.device), self._scheduler.timesteps)
+        prev = recorder.step(model_output, sample)
+        return FlowMatchEulerDiscreteSchedulerOutput(prev_sample=prev) if return_dict else (prev,)
+
+
+def concat_trajectories(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """One request's trajectory from recorders that each stepped some of its samples (BAGEL denoises one
+    sample at a time): the recorded tensors concatenated over samples."""
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}

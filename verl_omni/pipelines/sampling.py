@@ -1,0 +1,260 @@
+"""The sampling spec: the one home of the sampling settings, from the config to the request to the replay.
+
+A rollout is reproducible only if the actor replays it with the settings it sampled with, so
+the settings travel as one object: :class:`SamplingSpec` is built from the rollout config
+(``DiffusionRolloutConfig.sampling_spec``), sent with every request as its flat field dict
+(:meth:`SamplingSpec.request_params`; the engine forwards it to the rollout pipeline inside
+``extra_args``), read back by the pipeline (:meth:`SamplingSpec.from_sampling_params`) and by the
+actor (``meta_info["sampling_spec"]``, :meth:`SamplingSpec.from_dict`). Every check of a setting
+is here, in :meth:`SamplingSpec.__post_init__` (values) and :meth:`SamplingSpec.for_model` (what
+the model can honour: its latent multiple and its guidance style).
+
+Guidance styles (``ModelAdapter.guidance_style``):
+
+* ``"true_cfg"``: two passes per step with a negative prompt, rescaled (Qwen-Image, BAGEL);
+  ``true_cfg_scale`` > 1 turns it on.
+* ``"cfg"``: classic two-pass CFG with a negative prompt, no rescale (SD3.5); ``true_cfg_scale``.
+* ``"distilled"``: one pass per step; the guidance is an embedding input (FLUX.1-dev):
+  ``guidance_scale``; ``true_cfg_scale`` must stay <= 1.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from verl_omni.pipelines.schedulers.flow_match_sde import MAX_NOISE_LEVEL, SDE_TYPES
+
+logger = logging.getLogger(__name__)
+
+GUIDANCE_STYLES = ("true_cfg", "cfg", "distilled")
+# where the spec travels inside a request's ``extra_args``
+EXTRA_ARGS_KEY = "sampling_spec"
+# request keys outside the spec: ``seed`` (the first sample's seed when ``seeds`` is not given; sample i gets
+# seed + i) and the keys verl's agent loops send for text models (meaningless for diffusion, ignored)
+REQUEST_ONLY_KEYS = ("seed",)
+IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
+# what every request of one transformer batch must share; seeds, noise level and window are per request
+BATCH_SHARED_FIELDS = (
+    "num_inference_steps",
+    "height",
+    "width",
+    "true_cfg_scale",
+    "guidance_scale",
+    "sde_type",
+    "model_kwargs",
+)
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How a rollout samples (and so how the actor must replay it).
+
+    Args:
+        num_inference_steps (int): denoising steps T. Default 10.
+        height (int): image height in pixels, a multiple of the model's ``latent_multiple``. Default 512.
+        width (int): image width in pixels, a multiple of the model's ``latent_multiple``. Default 512.
+        noise_level (float): SDE noise level a inside the window; 0 samples the ODE and records nothing. Default 0.7.
+        sde_type (str): ``"sde"`` or ``"cps"``. Default ``"sde"``.
+        true_cfg_scale (float): CFG scale with a negative prompt (``"true_cfg"``/``"cfg"`` models); <= 1 is off.
+            Default 1.0 (a config's null resolves to the model's ``default_true_cfg_scale``).
+        model_kwargs (dict): model-specific settings, the keys of the adapter's ``sampling_keys`` (BAGEL:
+            ``timestep_shift``, ``cfg_img_scale``, ...). Default empty.
+        guidance_scale (float | None): the guidance embedding of a ``"distilled"`` model; None for the others.
+        sde_window_size (int): W, stochastic (recorded) steps per sample, 1 <= W <= T. Default 2.
+        sde_window_range (tuple[int, int] | None): ``(r0, r1)``, the steps a window may cover; None is ``(0, T)``.
+        seeds (tuple[int, ...]): one seed per sample of a request (empty in the config and the replay).
+    """
+
+    num_inference_steps: int = 10
+    height: int = 512
+    width: int = 512
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+    true_cfg_scale: float = 1.0
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    guidance_scale: float | None = None
+    sde_window_size: int = 2
+    sde_window_range: tuple[int, int] | None = None
+    seeds: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        # normalize containers (YAML lists, OmegaConf nodes, numpy ints) so that equal specs compare equal
+        if self.sde_window_range is not None:
+            object.__setattr__(self, "sde_window_range", tuple(int(v) for v in self.sde_window_range))
+        object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        if not isinstance(self.model_kwargs, Mapping):
+            raise ValueError(f"model_kwargs must be a mapping, got {type(self.model_kwargs).__name__}")
+        object.__setattr__(self, "model_kwargs", dict(self.model_kwargs))
+        self._check_values()
+
+    def _check_values(self) -> None:
+        steps = self.num_inference_steps
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"num_inference_steps must be an integer >= 1, got {steps!r}")
+        for key in ("height", "width"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.sde_type not in SDE_TYPES:
+            raise ValueError(f"sde_type must be one of {SDE_TYPES}, got {self.sde_type!r}")
+        top = MAX_NOISE_LEVEL[self.sde_type]
+        if not 0 <= self.noise_level <= top:
+            raise ValueError(
+                f"noise_level must be in [0, {top:.4g}] for sde_type={self.sde_type!r} (0 = ODE, nothing recorded; "
+                f"the bound: flow_match_sde.MAX_NOISE_LEVEL), got {self.noise_level}"
+            )
+        if not self.true_cfg_scale > 0:
+            raise ValueError(f"true_cfg_scale must be > 0 (<= 1 disables CFG), got {self.true_cfg_scale}")
+        if self.guidance_scale is not None and not self.guidance_scale > 0:
+            raise ValueError(f"guidance_scale must be > 0 or null, got {self.guidance_scale}")
+        if not 1 <= self.sde_window_size <= steps:
+            raise ValueError(f"sde_window_size={self.sde_window_size} must be in [1, num_inference_steps={steps}]")
+        if self.sde_window_range is not None:
+            if len(self.sde_window_range) != 2:
+                raise ValueError(f"sde_window_range must be [r0, r1], got {list(self.sde_window_range)}")
+            r0, r1 = self.sde_window_range
+            if not 0 <= r0 < r1 <= steps:
+                raise ValueError(
+                    f"sde_window_range={list(self.sde_window_range)} must satisfy 0 <= r0 < r1 <= "
+                    f"num_inference_steps={steps}"
+                )
+            if r1 - r0 < self.sde_window_size:
+                raise ValueError(
+                    f"sde_window_range={list(self.sde_window_range)} is shorter than "
+                    f"sde_window_size={self.sde_window_size}"
+                )
+
+    # ---- derived ---------------------------------------------------------------------------------
+
+    @property
+    def uses_cfg(self) -> bool:
+        """Whether a negative prompt is sampled (and recorded, and replayed)."""
+        return self.true_cfg_scale > 1.0
+
+    @property
+    def window_range(self) -> tuple[int, int]:
+        """``sde_window_range`` with its default ``(0, num_inference_steps)`` resolved."""
+        return self.sde_window_range or (0, self.num_inference_steps)
+
+    def require_stochastic(self) -> SamplingSpec:
+        """The spec of trained (replayed) steps: the noise level must be > 0."""
+        if not self.noise_level > 0:
+            raise ValueError(f"noise_level must be > 0 (the trained steps are stochastic), got {self.noise_level}")
+        return self
+
+    # ---- the model's facts -----------------------------------------------------------------------
+
+    @classmethod
+    def resolve(cls, values: Mapping[str, Any], adapter=None, model: str = "") -> SamplingSpec:
+        """A spec from ``values`` (null ``true_cfg_scale``/``guidance_scale`` = the model's default), checked
+        against ``adapter`` when given (:meth:`for_model`). Errors name the bare key (callers prefix theirs)."""
+        values = dict(values)
+        if values.get("true_cfg_scale") is None:
+            values["true_cfg_scale"] = adapter.default_true_cfg_scale if adapter is not None else 1.0
+        if values.get("guidance_scale") is None and adapter is not None:
+            values["guidance_scale"] = adapter.default_guidance_scale
+        spec = cls(**values)
+        return spec if adapter is None else spec.for_model(adapter, model)
+
+    def for_model(self, adapter, model: str = "") -> SamplingSpec:
+        """Refuse what ``adapter``'s model cannot honour, naming the key, the model and the allowed values."""
+        name = f"{adapter.__name__}" + (f" ({model})" if model else "")
+        missing = [fact for fact in ("latent_multiple", "guidance_style") if not hasattr(adapter, fact)]
+        if missing:
+            raise TypeError(f"{adapter.__name__} must declare the model facts {missing} (see ModelAdapter)")
+        multiple = adapter.latent_multiple
+        for key in ("height", "width"):
+            value = getattr(self, key)
+            if value % multiple:
+                raise ValueError(
+                    f"{key}={value}: {name} needs image sides that are positive multiples of {multiple} "
+                    f"(e.g. {max(multiple, value // multiple * multiple)} or {(value // multiple + 1) * multiple})"
+                )
+        style = adapter.guidance_style
+        if style not in GUIDANCE_STYLES:
+            raise ValueError(f"{adapter.__name__}.guidance_style={style!r} must be one of {GUIDANCE_STYLES}")
+        if style == "distilled" and self.uses_cfg:
+            raise ValueError(
+                f"true_cfg_scale={self.true_cfg_scale}: {name} is guidance-distilled (one pass per step, no negative "
+                f"prompt); allowed: true_cfg_scale <= 1 or null; set guidance_scale "
+                f"(default {adapter.default_guidance_scale}) instead"
+            )
+        if style != "distilled" and self.guidance_scale is not None:
+            raise ValueError(
+                f"guidance_scale={self.guidance_scale}: {name} has no guidance embedding ({style} guidance); "
+                "allowed: null; set true_cfg_scale instead"
+            )
+        unknown = sorted(set(self.model_kwargs) - set(adapter.sampling_keys))
+        if unknown:
+            raise ValueError(
+                f"model_kwargs has keys {unknown} that {name} does not read; allowed: {list(adapter.sampling_keys)}"
+            )
+        return self
+
+    # ---- travel ----------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values (lists for tuples): what travels in a request or a ``DataProto.meta_info``."""
+        out = asdict(self)
+        out["seeds"] = list(self.seeds)
+        if self.sde_window_range is not None:
+            out["sde_window_range"] = list(self.sde_window_range)
+        return out
+
+    def request_params(self, seeds: list[int] | None = None) -> dict[str, Any]:
+        """The flat ``sampling_params`` of one request: the spec's fields, with the samples' ``seeds``."""
+        spec = self if seeds is None else replace(self, seeds=tuple(seeds))
+        return spec.to_dict()
+
+    def replay(self) -> SamplingSpec:
+        """The spec the actor replays with: per-request seeds dropped, the trained steps stochastic."""
+        return replace(self, seeds=()).require_stochastic()
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | SamplingSpec) -> SamplingSpec:
+        """Back from :meth:`to_dict` (or a spec, unchanged); unknown keys are refused, naming the known ones."""
+        if isinstance(values, SamplingSpec):
+            return values
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"sampling settings have unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @classmethod
+    def from_request_params(cls, params: Mapping[str, Any], adapter=None) -> tuple[SamplingSpec, int | None]:
+        """``(spec, seed)`` of a request's flat ``sampling_params`` (verl's text-model keys ignored), resolved
+        and checked for ``adapter``'s model when given (:meth:`resolve`)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(params) - known - set(REQUEST_ONLY_KEYS) - set(IGNORED_LLM_KEYS))
+        if unknown:
+            raise ValueError(
+                f"sampling_params has unknown keys {unknown}; sampling keys: {sorted(known)}, "
+                f"request keys: {list(REQUEST_ONLY_KEYS)} (model-specific keys go in 'model_kwargs')"
+            )
+        values = {k: params[k] for k in known if params.get(k) is not None}
+        seed = params.get("seed")
+        return cls.resolve(values, adapter), (None if seed is None else int(seed))
+
+    @classmethod
+    def from_sampling_params(cls, sampling_params) -> SamplingSpec:
+        """The spec a request to the rollout pipeline carries (``extra_args['sampling_spec']``)."""
+        extra = sampling_params.extra_args or {}
+        if EXTRA_ARGS_KEY not in extra:
+            raise ValueError(
+                f"the request's extra_args lack {EXTRA_ARGS_KEY!r}: build rollout requests with "
+                "verl_omni.workers.rollout.vllm_omni.engine.build_sampling_params (it carries the sampling spec)"
+            )
+        return cls.from_dict(extra[EXTRA_ARGS_KEY])
+
+
+def shared_spec(specs: list[SamplingSpec]) -> SamplingSpec:
+    """The settings the requests of one transformer batch share (:data:`BATCH_SHARED_FIELDS`), from the first;
+    a difference is refused, naming the field."""
+    for name in BATCH_SHARED_FIELDS:
+        values = [getattr(s, name) for s in specs]
+        if any(v != values[0] for v in values[1:]):
+            raise ValueError(f"requests batched together must share the sampling spec's {name}, got {values}")
+    return specs[0]
