@@ -61,7 +61,8 @@ class DiffusionActor:
         return self.infer(data, spec, reference=True)["prev_sample_mean"]
 
     def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:
-        """One Flow-GRPO update on ``data`` (needs ``old_log_probs``, ``advantages``); returns ``actor/*`` metrics."""
+        """One Flow-GRPO update on ``data`` (log π_old under ``config.old_log_prob_key``, ``advantages``);
+        returns ``actor/*`` metrics."""
         local = self.config.ppo_mini_batch_size // self.engine.get_data_parallel_size()
         size = data.batch_size[0]
         if size % local:
