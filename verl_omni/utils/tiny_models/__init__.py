@@ -20,6 +20,9 @@ _BUILDERS: dict[str, str] = {
     "qwen_image": "verl_omni.utils.tiny_models.qwen_image:build_tiny_qwen_image",
     "bagel": "verl_omni.utils.tiny_models.bagel:build_tiny_bagel",
     "clip": "verl_omni.utils.tiny_models.clip:build_tiny_clip",
+    "sd3": "verl_omni.utils.tiny_models.sd3:build_tiny_sd3",
+    "flux": "verl_omni.utils.tiny_models.flux:build_tiny_flux",
+    "z_image": "verl_omni.utils.tiny_models.z_image:build_tiny_z_image",
 }
 
 
