@@ -34,6 +34,14 @@ class Model:
 
 MODELS = {
     "sd3": Model("sd3", "verl_omni.pipelines.sd3.training_adapter:SD3TrainingAdapter", 4.5, {"guidance_scale": 4.5}),
+    "flux": Model(
+        "flux",
+        "verl_omni.pipelines.flux.training_adapter:FluxTrainingAdapter",
+        1.0,
+        {"guidance_scale": 2.5},
+        {"guidance_scale": 2.5},
+        packed=True,
+    ),
 }
 
 
@@ -53,6 +61,9 @@ def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, t
             if cfg:
                 out |= {"negative_prompt_embeds": npe, "negative_pooled_prompt_embeds": npooled}
             return out
+        if name == "flux":
+            pe, pooled, _ = pipe.encode_prompt(list(prompts), None, device="cpu")
+            return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
     raise KeyError(name)
 
 
