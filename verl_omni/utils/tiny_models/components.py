@@ -51,7 +51,7 @@ def clip_text_encoder(tokenizer, hidden_size: int = 32, with_projection: bool = 
     return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config).eval()
 
 
-def t5_tokenizer(vocab_size: int = 600):
+def t5_tokenizer(vocab_size: int = 400):
     """A ``T5Tokenizer`` whose Unigram vocabulary is trained on the prompt corpus (``<pad>``=0, ``</s>``=1, ``<unk>``=2)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import T5Tokenizer
@@ -62,9 +62,14 @@ def t5_tokenizer(vocab_size: int = 600):
         vocab_size=vocab_size, special_tokens=list(T5_SPECIAL_TOKENS), unk_token="<unk>", show_progress=False
     )
     tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)
-    vocab = [(piece, float(score)) for piece, score in json.loads(tok.to_str())["model"]["vocab"]]
-    if [piece for piece, _ in vocab[:3]] != list(T5_SPECIAL_TOKENS):
-        raise RuntimeError(f"T5 special tokens must come first, got {vocab[:3]}")
+    # the trainer's scores differ between runs in the last bits and it orders ties at random: rounded and
+    # sorted (specials first, as T5 numbers them), the same seed gives the same files
+    trained = [(piece, round(float(score), 6)) for piece, score in json.loads(tok.to_str())["model"]["vocab"]]
+    specials = {piece: score for piece, score in trained if piece in T5_SPECIAL_TOKENS}
+    if set(specials) != set(T5_SPECIAL_TOKENS):
+        raise RuntimeError(f"the trained T5 vocabulary lacks {set(T5_SPECIAL_TOKENS) - set(specials)}")
+    rest = sorted((p for p in trained if p[0] not in specials), key=lambda p: (-p[1], p[0]))
+    vocab = [(piece, specials[piece]) for piece in T5_SPECIAL_TOKENS] + rest
     return T5Tokenizer(vocab=vocab, extra_ids=0)
 
 
