@@ -30,9 +30,9 @@ DEFAULT_CFG_NORMALIZATION = 0.0
 DEFAULT_CFG_TRUNCATION = 1.0
 
 
-def _caption_list(batch, key: str) -> list[torch.Tensor]:
-    """Per-sample caption features: the recorded rows where the mask is set."""
-    embeds, mask = batch[key], batch[f"{key}_mask"].bool()
+def _caption_list(batch, key: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Per-sample caption features in ``dtype``: the recorded rows where the mask is set."""
+    embeds, mask = batch[key].to(dtype), batch[f"{key}_mask"].bool()
     return [embeds[i][mask[i]] for i in range(embeds.shape[0])]
 
 
@@ -80,12 +80,12 @@ class ZImageTrainingAdapter(DiffusersFlowMatchAdapter):
         truncation = float(spec.model_kwargs.get("cfg_truncation", DEFAULT_CFG_TRUNCATION))
         # per sample: CFG off past the truncation time (samples of a replay batch may be at different steps)
         scales = [0.0 if truncation <= 1 and float(tn) > truncation else guidance for tn in model_time]
-        captions = _caption_list(batch, "prompt_embeds")
-        images = list(latents.to(captions[0].dtype).unsqueeze(2).unbind(0))
+        captions = _caption_list(batch, "prompt_embeds", tokens.dtype)
+        images = list(latents.unsqueeze(2).unbind(0))
         batch_size = len(images)
         apply_cfg = any(s > 0 for s in scales)
         if apply_cfg:
-            captions += _caption_list(batch, "negative_prompt_embeds")
+            captions += _caption_list(batch, "negative_prompt_embeds", tokens.dtype)
             images, model_time = images * 2, model_time.repeat(2)
         out = module(images, model_time, captions, return_dict=False)[0]
         preds = []
