@@ -269,6 +269,15 @@ def test_adapter_is_registered_under_the_pipeline_class(model_name, tiny_path):
     assert adapter.size_multiple(tiny_path) == 2 * adapter.vae_scale_factor(tiny_path)
 
 
+def test_fsdp_blocks_and_lora_targets_name_modules_of_the_transformer(model_name, pipe):
+    adapter = _adapter(MODELS[model_name])
+    classes = {type(m).__name__ for m in pipe.transformer.modules()}
+    assert set(adapter.fsdp_wrap_blocks) <= classes
+    names = [n for n, _ in pipe.transformer.named_modules()]
+    for target in adapter.lora_target_modules:
+        assert any(n.endswith(f".{target}") for n in names), target
+
+
 def test_prompt_token_ids_are_the_rollout_tokenizers_unpadded_ids(model_name, pipe):
     adapter = _adapter(MODELS[model_name])
     tokenizer = getattr(pipe, adapter.tokenizer_subfolder)
