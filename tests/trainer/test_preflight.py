@@ -74,10 +74,10 @@ BAD_VALUES = [
     (["actor_rollout_ref.actor.optim.lr=inf"], r"optim.lr must be a finite number > 0"),
     (["actor_rollout_ref.actor.optim.weight_decay=-0.1"], r"optim.weight_decay"),
     (["actor_rollout_ref.rollout.agent.num_workers=0"], r"actor_rollout_ref.rollout.agent.num_workers must be >= 1"),
-    (["actor_rollout_ref.rollout.noise_level=1000"], r"actor_rollout_ref.rollout.noise_level must be in \(0, 1.414\]"),
+    (["actor_rollout_ref.rollout.noise_level=1000"], r"actor_rollout_ref.rollout.noise_level must be in \[0, 1.414\]"),
     (
         ["actor_rollout_ref.rollout.sde_type=cps", "actor_rollout_ref.rollout.noise_level=1.2"],
-        r"noise_level must be in \(0, 1\] for sde_type='cps'",
+        r"noise_level must be in \[0, 1\] for sde_type='cps'",
     ),
     (["actor_rollout_ref.rollout.val_noise_level=5"], r"actor_rollout_ref.rollout.val_noise_level"),
     (["+trainer.save_frequency=5"], r"trainer.save_frequency is not a config key \(did you mean 'save_freq'\?\)"),

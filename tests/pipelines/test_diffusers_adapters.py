@@ -1,0 +1,302 @@
+"""SD3.5, FLUX.1 and Z-Image training adapters against their own diffusers pipelines (CPU, fp32).
+
+The reference sampler is each model's diffusers pipeline itself, run with a scheduler whose
+``step`` is the shared SDE step over per-sample windows and records what a rollout records: the
+pipeline does its own prompt encoding, latent layout, schedule, CFG or guidance embedding, and
+hands our step the velocity. The adapter must then predict the same velocity from the recorded
+tensors, rebuild the same schedule, and replay the same log-probs (≤ 1e-5). A LoRA saved the way
+checkpoints save it must load with the pipeline's ``load_lora_weights`` and change the image.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+PROMPTS = ["a red apple on a table", 'a blue boat near the beach, a sign that says "OK"']
+STEPS, HEIGHT, WIDTH, WINDOW, NOISE_LEVEL = 4, 32, 64, 2, 0.7
+
+
+@dataclass(frozen=True)
+class Model:
+    """What differs per model in these tests: its builder, adapter, guidance and how its pipeline encodes."""
+
+    builder: str
+    adapter: str
+    cfg_scale: float  # ReplaySpec.true_cfg_scale (classic convention; 1 = no CFG)
+    call_kwargs: dict = field(default_factory=dict)  # the pipeline's own guidance arguments
+    model_kwargs: dict = field(default_factory=dict)
+    packed: bool = False  # the pipeline denoises packed tokens already (FLUX)
+
+
+MODELS = {
+    "sd3": Model("sd3", "verl_omni.pipelines.sd3.training_adapter:SD3TrainingAdapter", 4.5, {"guidance_scale": 4.5}),
+    "flux": Model(
+        "flux",
+        "verl_omni.pipelines.flux.training_adapter:FluxTrainingAdapter",
+        1.0,
+        {"guidance_scale": 2.5},
+        {"guidance_scale": 2.5},
+        packed=True,
+    ),
+    "z_image": Model(
+        "z_image",
+        "verl_omni.pipelines.z_image.training_adapter:ZImageTrainingAdapter",
+        4.0,
+        {"guidance_scale": 3.0, "cfg_normalization": True, "cfg_truncation": 0.3},
+        {"cfg_normalization": 1.0, "cfg_truncation": 0.3},
+    ),
+}
+
+
+def _adapter(model: Model):
+    module, name = model.adapter.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, torch.Tensor]:
+    """The conditioning tensors the rollout records, from the pipeline's own encoder."""
+    with torch.no_grad():
+        if name == "sd3":
+            pe, npe, pooled, npooled = pipe.encode_prompt(
+                list(prompts), None, None, device="cpu", do_classifier_free_guidance=cfg, negative_prompt=""
+            )
+            out = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+            if cfg:
+                out |= {"negative_prompt_embeds": npe, "negative_pooled_prompt_embeds": npooled}
+            return out
+        if name == "flux":
+            pe, pooled, _ = pipe.encode_prompt(list(prompts), None, device="cpu")
+            return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+        if name == "z_image":
+            pos, neg = pipe.encode_prompt(list(prompts), "cpu", cfg, [""] * len(prompts))
+            out = _padded(pos, "prompt_embeds")
+            return out | (_padded(neg, "negative_prompt_embeds") if cfg else {})
+    raise KeyError(name)
+
+
+def _padded(rows: list[torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+    """Variable-length rows as the rollout records them: right-padded ``[B, L, D]`` and a ``[B, L]`` mask."""
+    length = max(r.shape[0] for r in rows)
+    embeds = torch.stack([torch.cat([r, r.new_zeros(length - r.shape[0], r.shape[1])]) for r in rows])
+    mask = torch.stack([torch.arange(length) < r.shape[0] for r in rows]).long()
+    return {key: embeds, f"{key}_mask": mask}
+
+
+class RecordingSDEScheduler:
+    """Mixin for the pipeline's scheduler: ``step`` is the shared SDE step inside each sample's window,
+    recording (packed) latents, log-probs, timesteps and the velocity the pipeline passed in."""
+
+    def arm(self, levels: torch.Tensor, generators: list[torch.Generator], packed: bool):
+        self.levels, self.generators, self.packed, self.calls = levels, generators, packed, 0
+        self.rec = {k: [[] for _ in generators] for k in ("latents", "log_probs", "timesteps", "velocities")}
+
+    def step(self, model_output, timestep, sample, return_dict=False, **kwargs):
+        from verl_omni.pipelines.diffusers_adapter import pack_latents
+        from verl_omni.pipelines.schedulers import sde_step_with_logprob
+        from verl_omni.pipelines.schedulers.flow_match_sde import ode_step
+
+        levels = self.levels[:, self.calls]
+        self.calls += 1
+        if not bool(levels.any()):
+            # outside every window: the Euler step, as the rollout takes it (the SDE kernel is 0/0 at σ = 0,
+            # Z-Image's last step)
+            sigma, sigma_next = self.sigmas[self.calls - 1], self.sigmas[self.calls]
+            return (ode_step(sample, model_output, float(sigma_next - sigma)).to(sample.dtype),)
+        out = sde_step_with_logprob(self, model_output, timestep, sample, levels, generator=self.generators)
+        pack = (lambda x: x) if self.packed else pack_latents
+        x, x_next, v = pack(sample.float()), pack(out.prev_sample), pack(model_output.float())
+        for b, level in enumerate(levels.tolist()):
+            if level > 0:
+                if not self.rec["latents"][b]:
+                    self.rec["latents"][b].append(x[b])
+                self.rec["latents"][b].append(x_next[b])
+                self.rec["log_probs"][b].append(out.log_prob[b])
+                self.rec["timesteps"][b].append(torch.as_tensor(timestep, dtype=torch.float32).reshape(()))
+                self.rec["velocities"][b].append(v[b])
+        return (out.prev_sample.to(sample.dtype),)
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model_name(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny_path(model_name, tmp_path_factory):
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    return build_tiny_model(MODELS[model_name].builder, tmp_path_factory.mktemp(f"tiny_{model_name}"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_path):
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(tiny_path)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def recorded(model_name, pipe, tiny_path):
+    """A batch sampled by the model's diffusers pipeline with SDE windows, as a rollout records it."""
+    from verl_omni.pipelines.schedulers import (
+        FlowMatchSDEDiscreteScheduler,
+        sample_sde_window_start,
+        window_noise_levels,
+    )
+    from verl_omni.workers.utils.replay import ReplaySpec
+
+    model, adapter = MODELS[model_name], _adapter(MODELS[model_name])
+    scheduler_cls = type("Recording", (RecordingSDEScheduler, FlowMatchSDEDiscreteScheduler), {})
+    pipe.scheduler = scheduler_cls.from_config(pipe.scheduler.config)
+    seeds = [2, 5]  # windows start at different steps (Z-Image: one sample past the CFG truncation)
+    window_end = adapter.max_sde_window_end(STEPS)
+    starts = [sample_sde_window_start(s, STEPS, WINDOW, (0, window_end)) for s in seeds]
+    levels = torch.tensor([window_noise_levels(STEPS, st, WINDOW, NOISE_LEVEL) for st in starts])
+    pipe.scheduler.arm(levels, [torch.Generator().manual_seed(100 + s) for s in seeds], model.packed)
+    images = pipe(
+        prompt=list(PROMPTS),
+        height=HEIGHT,
+        width=WIDTH,
+        num_inference_steps=STEPS,
+        generator=[torch.Generator().manual_seed(s) for s in seeds],
+        output_type="pt",
+        **model.call_kwargs,
+    ).images
+    rec = {k: torch.stack([torch.stack(v) for v in vs]) for k, vs in pipe.scheduler.rec.items()}
+    batch = {
+        "all_latents": rec["latents"],
+        "all_timesteps": rec["timesteps"],
+        **_conditioning(model_name, pipe, PROMPTS, model.cfg_scale > 1),
+    }
+    spec = ReplaySpec(STEPS, HEIGHT, WIDTH, NOISE_LEVEL, "sde", model.cfg_scale, dict(model.model_kwargs))
+    return {"batch": batch, "rec": rec, "spec": spec, "images": images, "sigmas": pipe.scheduler.sigmas.clone()}
+
+
+def test_pipeline_generates_an_image_from_the_tiny_directory(recorded):
+    images = recorded["images"]
+    assert images.shape == (len(PROMPTS), 3, HEIGHT, WIDTH)
+    assert torch.isfinite(images).all() and float(images.std()) > 0
+
+
+def test_adapter_schedule_equals_the_pipelines(model_name, tiny_path, recorded):
+    adapter = _adapter(MODELS[model_name])
+    scheduler = adapter.build_scheduler(tiny_path)
+    adapter.set_schedule(scheduler, recorded["spec"], recorded["batch"]["all_latents"].shape[2])
+    torch.testing.assert_close(scheduler.sigmas, recorded["sigmas"], rtol=0, atol=1e-7)
+
+
+def test_step_velocity_equals_the_pipelines_guided_velocity(model_name, pipe, tiny_path, recorded):
+    adapter = _adapter(MODELS[model_name])
+    vae_scale = adapter.vae_scale_factor(tiny_path)
+    assert vae_scale == pipe.vae_scale_factor
+    with torch.no_grad():
+        for j in range(WINDOW):
+            v = adapter.step_velocity(pipe.transformer, recorded["batch"], j, recorded["spec"], vae_scale)
+            torch.testing.assert_close(v.float(), recorded["rec"]["velocities"][:, j], rtol=0, atol=1e-5)
+
+
+def test_replay_reproduces_the_samplers_log_probs(model_name, pipe, tiny_path, recorded):
+    from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
+
+    adapter, batch, spec = _adapter(MODELS[model_name]), recorded["batch"], recorded["spec"]
+    check_replay_batch(batch, spec, adapter)
+    scheduler = adapter.build_scheduler(tiny_path)
+    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
+    with torch.no_grad():
+        replayed = torch.stack(
+            [
+                replay_step(
+                    adapter, pipe.transformer, scheduler, batch, j, spec, adapter.vae_scale_factor(tiny_path)
+                ).log_prob
+                for j in range(WINDOW)
+            ],
+            dim=1,
+        )
+    assert torch.isfinite(recorded["rec"]["log_probs"]).all()
+    assert (replayed - recorded["rec"]["log_probs"]).abs().max() <= 1e-5
+
+
+def test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image(model_name, tiny_path, tmp_path):
+    from diffusers import DiffusionPipeline
+    from peft import LoraConfig
+
+    from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, _save_lora_file, gather_lora_state_dict
+
+    adapter = _adapter(MODELS[model_name])
+    module = adapter.build_module(tiny_path)
+    torch.manual_seed(0)
+    module.add_adapter(
+        LoraConfig(r=4, lora_alpha=4, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
+    )
+    metadata = module.peft_config[ADAPTER_NAME].to_dict()
+    metadata["target_modules"] = sorted(metadata["target_modules"])
+    _save_lora_file(adapter, tmp_path / "lora", gather_lora_state_dict(module), metadata)
+
+    pipe = DiffusionPipeline.from_pretrained(tiny_path)
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(
+        height=HEIGHT, width=HEIGHT, num_inference_steps=2, output_type="pt", **MODELS[model_name].call_kwargs
+    )
+    base = pipe(prompt=PROMPTS[0], generator=torch.Generator().manual_seed(0), **kwargs).images
+    pipe.load_lora_weights(tmp_path / "lora")
+    wrapped = [n for n, m in pipe.transformer.named_modules() if hasattr(m, "lora_A")]
+    assert len(wrapped) == len({k.rsplit(".lora_", 1)[0] for k in gather_lora_state_dict(module)})
+    tuned = pipe(prompt=PROMPTS[0], generator=torch.Generator().manual_seed(0), **kwargs).images
+    assert (tuned - base).abs().max() > 1e-3
+
+
+def test_builder_is_deterministic_per_seed_and_small(model_name, tiny_path, tmp_path):
+    from verl_omni.utils.tiny_models import build_tiny_model, directory_digest
+
+    again = build_tiny_model(MODELS[model_name].builder, tmp_path / "same", seed=0)
+    assert directory_digest(again) == directory_digest(tiny_path)
+    size = sum(f.stat().st_size for f in tiny_path.rglob("*") if f.is_file())
+    assert size < 8 * 2**20
+
+
+def test_adapter_is_registered_under_the_pipeline_class(model_name, tiny_path):
+    from verl_omni.pipelines.model_base import TRAINING_ADAPTERS, architecture_name
+
+    adapter = _adapter(MODELS[model_name])
+    assert TRAINING_ADAPTERS.get(architecture_name(tiny_path)) is adapter
+    assert adapter.lora_file_pipeline == architecture_name(tiny_path)
+    assert adapter.size_multiple(tiny_path) == 2 * adapter.vae_scale_factor(tiny_path)
+
+
+def test_fsdp_blocks_and_lora_targets_name_modules_of_the_transformer(model_name, pipe):
+    adapter = _adapter(MODELS[model_name])
+    classes = {type(m).__name__ for m in pipe.transformer.modules()}
+    assert set(adapter.fsdp_wrap_blocks) <= classes
+    names = [n for n, _ in pipe.transformer.named_modules()]
+    for target in adapter.lora_target_modules:
+        assert any(n.endswith(f".{target}") for n in names), target
+
+
+def test_prompt_token_ids_are_the_rollout_tokenizers_unpadded_ids(model_name, pipe):
+    adapter = _adapter(MODELS[model_name])
+    tokenizer = getattr(pipe, adapter.tokenizer_subfolder)
+    ids = adapter.prompt_token_ids(tokenizer, PROMPTS[0])
+    assert 3 < len(ids) < 77 and tokenizer.pad_token_id not in ids[1:-1]
+    assert "apple" in tokenizer.decode(ids)
+
+
+def test_flux_refuses_true_cfg():
+    from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
+    from verl_omni.workers.utils.replay import ReplaySpec
+
+    with pytest.raises(ValueError, match="guidance-distilled: true_cfg_scale=4.0"):
+        FluxTrainingAdapter.step_velocity(None, {}, 0, ReplaySpec(4, 32, 32, true_cfg_scale=4.0), 4)
+
+
+def test_z_image_windows_stop_before_its_sigma_zero_step():
+    from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
+    from verl_omni.pipelines.z_image.training_adapter import ZImageTrainingAdapter
+
+    assert ZImageTrainingAdapter.max_sde_window_end(10) == 9
+    assert FluxTrainingAdapter.max_sde_window_end(10) == 10

@@ -1,0 +1,100 @@
+"""FLUX.1-dev on the training side: the diffusers MMDiT with its guidance embedding predicts one step's velocity.
+
+FLUX.1-dev is guidance-distilled: the guidance scale enters the transformer as an embedding and
+each step is one pass, with no negative prompt (true CFG is refused). The velocity is what
+vLLM-Omni's ``FluxPipeline`` (and diffusers') compute per step: the transformer on packed latent
+tokens ``[B, S, 4C]`` at ``timestep / 1000`` with ``guidance = [g] * B`` (fp32; the transformer scales
+both by 1000), the T5 token embeddings, the pooled CLIP vector, zero text position ids and
+(row, column) image position ids. The schedule passes ``sigmas = linspace(1, 1/N, N)`` with the
+resolution-dependent shift μ(S).
+
+What the rollout must record per sample (besides ``all_latents`` ``[W+1, S, 4C]``, FLUX's own packed
+latents, and ``all_timesteps`` ``[W]``): ``prompt_embeds`` ``[T, D_t5]`` (T = ``max_sequence_length``,
+512 by default) and ``pooled_prompt_embeds`` ``[D_clip]``. The guidance scale is a sampling setting
+(``model_kwargs['guidance_scale']``, the rollout's ``sampling_params.guidance_scale``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter
+from verl_omni.pipelines.model_base import register_training_adapter
+
+# FluxPipeline's default guidance scale (FLUX.1-dev's recommended 3.5)
+DEFAULT_GUIDANCE_SCALE = 3.5
+
+
+def image_position_ids(grid_height: int, grid_width: int, device, dtype) -> torch.Tensor:
+    """``[h·w, 3]`` position ids of the packed image tokens: (0, row, column), row-major."""
+    rows = torch.arange(grid_height, device=device).repeat_interleave(grid_width)
+    cols = torch.arange(grid_width, device=device).repeat(grid_height)
+    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(dtype)
+
+
+@register_training_adapter("FluxPipeline")
+class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
+    """Training adapter for ``FluxPipeline`` checkpoints with a guidance embedding (FLUX.1-dev)."""
+
+    rollout_pipeline = "verl_omni.pipelines.flux.rollout_pipeline.FluxLogProbPipeline"
+    transformer_class = "FluxTransformer2DModel"
+    guidance_style = "guidance_embedding"
+    linear_sigmas = True
+    # the CLIP tokenizer: its ids identify the prompt; the rollout encodes the text with CLIP and T5
+    tokenizer_subfolder = "tokenizer"
+    lora_file_pipeline = "FluxPipeline"
+    conditioning_keys = ("prompt_embeds", "pooled_prompt_embeds")
+    cfg_conditioning_keys = ()
+    sampling_keys = ("guidance_scale",)
+    # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList and name the rest alike; vLLM-Omni's fused
+    # ``to_qkv`` / ``add_kv_proj`` are mapped back from ``to_q``... by its LoRA manager
+    rollout_name_map = ()
+    fsdp_wrap_blocks = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
+    # attention projections of the double-stream blocks (the single-stream blocks share to_q/k/v)
+    lora_target_modules = (
+        "to_q",
+        "to_k",
+        "to_v",
+        "to_out.0",
+        "add_q_proj",
+        "add_k_proj",
+        "add_v_proj",
+        "to_add_out",
+    )
+
+    @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        """CLIP ids of ``prompt`` (no padding), truncated to the encoder's length as the pipeline does."""
+        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
+
+    @staticmethod
+    def guidance_scale(spec) -> float:
+        """The embedded guidance scale of ``spec`` (``model_kwargs['guidance_scale']``, default 3.5)."""
+        return float(spec.model_kwargs.get("guidance_scale", DEFAULT_GUIDANCE_SCALE))
+
+    @classmethod
+    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
+        """Packed velocity ``[B, S, 4C]`` at recorded step ``step``: one pass with the guidance embedding."""
+        if spec.uses_cfg:
+            raise ValueError(
+                f"FLUX.1 (FluxPipeline) is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} is not supported "
+                "(set it to 1 and steer with model_kwargs.guidance_scale)"
+            )
+        tokens = batch["all_latents"][:, step]
+        height, width = cls.latent_grid(spec, vae_scale_factor)
+        prompt_embeds = batch["prompt_embeds"].to(tokens.dtype)
+        guidance = None
+        if module.config.guidance_embeds:
+            guidance = torch.full(
+                (tokens.shape[0],), cls.guidance_scale(spec), dtype=torch.float32, device=tokens.device
+            )
+        return module(
+            hidden_states=tokens,
+            timestep=batch["all_timesteps"][:, step].to(tokens.dtype) / 1000,
+            guidance=guidance,
+            pooled_projections=batch["pooled_prompt_embeds"].to(tokens.dtype),
+            encoder_hidden_states=prompt_embeds,
+            txt_ids=prompt_embeds.new_zeros(prompt_embeds.shape[1], 3),
+            img_ids=image_position_ids(height // 2, width // 2, tokens.device, tokens.dtype),
+            return_dict=False,
+        )[0]
