@@ -36,7 +36,8 @@ def _transformer():
         joint_attention_dim=T5_D_MODEL,
         caption_projection_dim=32,
         pooled_projection_dim=2 * CLIP_HIDDEN_SIZE,
-        pos_embed_max_size=32,
+        # vLLM-Omni warms its engine up at 512² (a 64² patch grid at 4 px per latent cell)
+        pos_embed_max_size=96,
         dual_attention_layers=(0,),
         qk_norm="rms_norm",
     )
