@@ -41,7 +41,9 @@ def test_prompt_request_uses_the_model_adapters_template(tmp_path, architecture)
     )
     tokenizer = build_qwen2_tokenizer()
     loop = DiffusionSingleTurnAgentLoop(DictConfigWrap(config=config), server_manager=None, tokenizer=tokenizer)
-    request = loop.prompt_request({"raw_prompt": [{"role": "user", "content": "a red cat"}], "uid": "u0"})
+    request = loop.prompt_request(
+        {"raw_prompt": [{"role": "user", "content": "a red cat"}], "uid": "u0"}, {"true_cfg_scale": 4.0}
+    )
 
     adapter = get_training_adapter(path)
     assert request.prompt_ids == adapter.prompt_token_ids(tokenizer, "a red cat")

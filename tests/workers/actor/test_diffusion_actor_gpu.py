@@ -25,7 +25,8 @@ def test_fp32_replay_on_cuda_matches_cpu_sampler_and_update_direction(
     batch["old_log_probs"] = old
     metrics = actor.update_policy(batch, spec)
     assert 0 < metrics["actor/grad_norm"] < float("inf")
-    assert bool((actor.compute_log_prob(batch, spec) > old).all())
+    # per sample (the loss averages a sample's W steps): one update need not raise every single step's log-prob
+    assert bool(((actor.compute_log_prob(batch, spec) - old).mean(dim=1) > 0).all())
 
 
 def test_bf16_compute_on_cuda_trains_with_finite_gradients(
