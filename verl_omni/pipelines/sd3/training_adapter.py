@@ -26,7 +26,9 @@ class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
 
     rollout_pipeline = "verl_omni.pipelines.sd3.rollout_pipeline.SD3LogProbPipeline"
     transformer_class = "SD3Transformer2DModel"
-    guidance_style = "classic_cfg"
+    guidance_style = "cfg"
+    # Flow-GRPO's SD3.5 recipe (guidance_scale 4.5 in its config; diffusers' SD3 pipeline defaults to 7)
+    default_true_cfg_scale = 4.5
     # the SD3 pipelines' fallback when a dynamic-shift config lacks max_shift
     default_max_shift = 1.16
     # the CLIP-L tokenizer: its ids identify the prompt; the rollout encodes the text with all three
