@@ -21,6 +21,19 @@ import torch
 
 from verl_omni.pipelines.model_base import ModelAdapter
 
+# the attention projections of both streams of a joint-attention (MMDiT) block, diffusers' names: Flow-GRPO's LoRA
+# targets for SD3.5, also FLUX.1's double-stream blocks (its single-stream blocks share to_q/k/v)
+JOINT_ATTENTION_LORA_TARGETS = (
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+)
+
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
     """``[B, C, h, w]`` → ``[B, (h/2)(w/2), 4C]``, 2×2 patches in FLUX's order (``FluxPipeline._pack_latents``)."""
@@ -95,6 +108,12 @@ class DiffusersFlowMatchAdapter(ModelAdapter):
         """Pixels per latent cell of the 2-D ``AutoencoderKL``, as these pipelines derive it."""
         config = json.loads((Path(model_path) / "vae" / "config.json").read_text())
         return 2 ** (len(config["block_out_channels"]) - 1)
+
+    @classmethod
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        """Ids of ``prompt`` from the adapter's tokenizer (CLIP for SD3.5 and FLUX.1), no padding, truncated to
+        the encoder's length as the pipelines do; the rollout decodes them back to the text its encoders read."""
+        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
 
     @classmethod
     def max_sde_window_end(cls, num_inference_steps: int) -> int:

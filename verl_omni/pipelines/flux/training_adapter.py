@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter
+from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS, DiffusersFlowMatchAdapter
 from verl_omni.pipelines.model_base import register_training_adapter
 
 
@@ -49,21 +49,7 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
     rollout_name_map = ()
     fsdp_wrap_blocks = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
     # attention projections of the double-stream blocks (the single-stream blocks share to_q/k/v)
-    lora_target_modules = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
-
-    @classmethod
-    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
-        """CLIP ids of ``prompt`` (no padding), truncated to the encoder's length as the pipeline does."""
-        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
+    lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
     @classmethod
     def embedded_guidance(cls, spec) -> float:

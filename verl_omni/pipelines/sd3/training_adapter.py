@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter, classic_cfg, pack_latents, unpack_latents
+from verl_omni.pipelines.diffusers_adapter import (
+    JOINT_ATTENTION_LORA_TARGETS,
+    DiffusersFlowMatchAdapter,
+    classic_cfg,
+    pack_latents,
+    unpack_latents,
+)
 from verl_omni.pipelines.model_base import register_training_adapter
 
 
@@ -41,21 +47,7 @@ class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
     rollout_name_map = ()
     fsdp_wrap_blocks = ("JointTransformerBlock",)
     # attention projections of both streams (and of SD3.5's second image attention): Flow-GRPO's SD3.5 targets
-    lora_target_modules = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
-
-    @classmethod
-    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
-        """CLIP-L ids of ``prompt`` (no padding), truncated to the encoder's length as the pipeline does."""
-        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
+    lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
     @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
