@@ -169,6 +169,23 @@ def patch_sdpa_dispatch() -> None:
     logger.info("verl_omni CPU patch applied: SDPAImpl.forward")
 
 
+# seconds the engine waits for one output on CPU (vLLM-Omni's hard-coded 30 s, meant for accelerators)
+CPU_OUTPUT_TIMEOUT_S = 600.0
+
+
+def patch_output_timeout() -> None:
+    """Gap: vLLM-Omni 0.26 waits at most ``_ASYNC_OUTPUT_TIMEOUT`` = 30 s for an engine output, the start-up
+    warm-up (512², one step) included; on a loaded 2-core CPU the tiny SD3.5's warm-up takes longer and the
+    engine fails to start. Raise the bound on CPU only."""
+    if "output_timeout" in _applied:
+        return
+    from vllm_omni.diffusion import diffusion_engine
+
+    diffusion_engine._ASYNC_OUTPUT_TIMEOUT = max(diffusion_engine._ASYNC_OUTPUT_TIMEOUT, CPU_OUTPUT_TIMEOUT_S)
+    _applied.add("output_timeout")
+    logger.info("verl_omni CPU patch applied: diffusion_engine._ASYNC_OUTPUT_TIMEOUT")
+
+
 def apply_all() -> None:
     """Apply every CPU patch once per process (idempotent)."""
     if not _version_supported():
@@ -176,3 +193,4 @@ def apply_all() -> None:
     patch_async_output_loop()
     patch_batch_output_split()
     patch_sdpa_dispatch()
+    patch_output_timeout()

@@ -101,8 +101,8 @@ def qwen3_tokenizer():
 
 
 def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
-    """A 2-layer ``Qwen3Model`` (Z-Image reads its second-to-last hidden states)."""
-    from transformers import Qwen3Config, Qwen3Model
+    """A 2-layer Qwen3 language model (``Qwen3ForCausalLM``, tied head); Z-Image reads its second-to-last hidden states."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     ids = tokenizer.convert_tokens_to_ids
     config = Qwen3Config(
@@ -117,8 +117,11 @@ def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
         bos_token_id=ids("<|endoftext|>"),
         eos_token_id=ids("<|im_end|>"),
         pad_token_id=ids("<|endoftext|>"),
+        tie_word_embeddings=True,
     )
-    return Qwen3Model(config).eval()
+    # the released checkpoints' layout (``Qwen3ForCausalLM``, weights under ``model.``): vLLM-Omni loads the text
+    # encoder with AutoModelForCausalLM; diffusers reads the same hidden states through it
+    return Qwen3ForCausalLM(config).eval()
 
 
 def autoencoder_kl(latent_channels: int, scaling_factor: float, shift_factor: float):
