@@ -1,11 +1,10 @@
 """The sampling spec: one validation, refusals that name key, model and allowed values, carried unchanged."""
 
-from typing import ClassVar
-
 import pytest
 from verl import DataProto
 
-from verl_omni.pipelines.model_base import ModelAdapter
+from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
+from verl_omni.pipelines.model_base import TRAINING_ADAPTERS
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 from verl_omni.pipelines.rollout_request import parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
@@ -16,14 +15,16 @@ from verl_omni.workers.rollout.vllm_omni.engine import build_sampling_params
 MODEL = "actor_rollout_ref.model.path=/ckpt"
 
 
-class DistilledAdapter(ModelAdapter):
-    """Facts of a guidance-distilled model (FLUX.1-dev's kind); only the facts the spec reads are declared.
-    A stand-in: the FLUX adapter lives in its own package, and this test is about the spec's rule."""
-
-    latent_multiple = 16
-    guidance_style = "distilled"
-    default_guidance_scale = 3.5
-    sampling_keys: ClassVar[tuple[str, ...]] = ()
+@pytest.mark.parametrize("architecture", TRAINING_ADAPTERS.names())
+def test_every_models_defaults_resolve_and_its_refusals_name_it(architecture):
+    """Switching model is model.path alone: the default config resolves for every registered adapter."""
+    adapter = TRAINING_ADAPTERS.get(architecture)
+    spec = DiffusionRolloutConfig().sampling_spec(adapter=adapter, model=MODEL)
+    assert spec.true_cfg_scale == adapter.default_true_cfg_scale
+    assert spec.guidance_scale == adapter.default_guidance_scale
+    assert spec.window_range[1] == adapter.max_sde_window_end(spec.num_inference_steps)
+    with pytest.raises(ValueError, match=rf"height=520: {adapter.__name__} \({MODEL}\).*multiples of"):
+        DiffusionRolloutConfig(height=520).sampling_spec(adapter=adapter, model=MODEL)
 
 
 @pytest.mark.parametrize(
@@ -58,11 +59,11 @@ def test_a_size_off_the_models_multiple_names_key_model_and_allowed_values():
 
 def test_true_cfg_on_a_distilled_model_is_refused_and_its_guidance_is_the_default():
     with pytest.raises(ValueError) as error:
-        DiffusionRolloutConfig(true_cfg_scale=4.0).sampling_spec(adapter=DistilledAdapter, model=MODEL)
+        DiffusionRolloutConfig(true_cfg_scale=4.0).sampling_spec(adapter=FluxTrainingAdapter, model=MODEL)
     message = str(error.value)
     assert message.startswith("actor_rollout_ref.rollout.true_cfg_scale=4.0")
-    assert "DistilledAdapter" in message and "true_cfg_scale <= 1 or null" in message and "guidance_scale" in message
-    spec = DiffusionRolloutConfig().sampling_spec(adapter=DistilledAdapter, model=MODEL)
+    assert "FluxTrainingAdapter" in message and "true_cfg_scale <= 1 or null" in message and "guidance_scale" in message
+    spec = DiffusionRolloutConfig().sampling_spec(adapter=FluxTrainingAdapter, model=MODEL)
     assert spec.guidance_scale == 3.5 and not spec.uses_cfg
 
 

@@ -21,8 +21,18 @@ import torch
 
 from verl_omni.pipelines.model_base import ModelAdapter
 
-# guidance styles an adapter may declare (``guidance_style``)
-GUIDANCE_STYLES = ("true_cfg_rescaled", "classic_cfg", "guidance_embedding")
+# the attention projections of both streams of a joint-attention (MMDiT) block, diffusers' names: Flow-GRPO's LoRA
+# targets for SD3.5, also FLUX.1's double-stream blocks (its single-stream blocks share to_q/k/v)
+JOINT_ATTENTION_LORA_TARGETS = (
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+)
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -57,11 +67,8 @@ class DiffusersFlowMatchAdapter(ModelAdapter):
 
     Class attributes (on top of :class:`ModelAdapter`'s):
         transformer_class (`str`): the diffusers class of ``transformer/``.
-        guidance_style (`str`): one of :data:`GUIDANCE_STYLES`: how the prompt steers the velocity
-            (``classic_cfg``: a negative pass, scale ``true_cfg_scale``; ``guidance_embedding``: one pass
-            with the scale embedded, no negative prompt).
-        patch_size (`int`): latent cells per transformer patch side; images are multiples of
-            ``patch_size × vae_scale_factor`` pixels (:meth:`size_multiple`).
+        patch_size (`int`): latent cells per transformer patch side (2×2 latent tokens); the released
+            checkpoints' 8× VAE makes ``latent_multiple`` 16 pixels.
         default_max_shift (`float`): ``max_shift`` when the scheduler config lacks it (the pipeline's default).
         linear_sigmas (`bool`): the pipeline passes ``sigmas = linspace(1, 1/N, N)`` to the scheduler
             (FLUX) instead of letting it space the timesteps.
@@ -71,8 +78,9 @@ class DiffusersFlowMatchAdapter(ModelAdapter):
 
     transformer_class: ClassVar[str]
     transformer_subfolder: ClassVar[str] = "transformer"
-    guidance_style: ClassVar[str]
     patch_size: ClassVar[int] = 2
+    # 8x VAE x 2x2 latent patches (SD3.5, FLUX.1 and Z-Image alike)
+    latent_multiple = 16
     default_max_shift: ClassVar[float] = 1.15
     linear_sigmas: ClassVar[bool] = False
     zero_sigma_min: ClassVar[bool] = False
@@ -102,9 +110,10 @@ class DiffusersFlowMatchAdapter(ModelAdapter):
         return 2 ** (len(config["block_out_channels"]) - 1)
 
     @classmethod
-    def size_multiple(cls, model_path: str | Path) -> int:
-        """Image height and width must be multiples of this many pixels."""
-        return cls.vae_scale_factor(model_path) * cls.patch_size
+    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
+        """Ids of ``prompt`` from the adapter's tokenizer (CLIP for SD3.5 and FLUX.1), no padding, truncated to
+        the encoder's length as the pipelines do; the rollout decodes them back to the text its encoders read."""
+        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
 
     @classmethod
     def max_sde_window_end(cls, num_inference_steps: int) -> int:

@@ -136,6 +136,12 @@ class ModelAdapter:
         """Pixels per latent cell of the checkpoint (models that do not need it return 1)."""
         return 1
 
+    @classmethod
+    def max_sde_window_end(cls, num_inference_steps: int) -> int:
+        """One past the last step an SDE window may cover (``sde_window_range[1]`` at most): less than
+        ``num_inference_steps`` for a schedule whose last step the SDE kernel cannot take (Z-Image's σ = 0 → 0)."""
+        return num_inference_steps
+
     # ---- replay --------------------------------------------------------------------------------
 
     @classmethod

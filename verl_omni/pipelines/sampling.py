@@ -155,6 +155,11 @@ class SamplingSpec:
             values["true_cfg_scale"] = adapter.default_true_cfg_scale if adapter is not None else 1.0
         if values.get("guidance_scale") is None and adapter is not None:
             values["guidance_scale"] = adapter.default_guidance_scale
+        if values.get("sde_window_range") is None and adapter is not None:
+            steps = values.get("num_inference_steps", cls.num_inference_steps)
+            end = adapter.max_sde_window_end(steps) if isinstance(steps, int) else steps
+            if end != steps:
+                values["sde_window_range"] = (0, end)
         spec = cls(**values)
         return spec if adapter is None else spec.for_model(adapter, model)
 
@@ -185,6 +190,12 @@ class SamplingSpec:
             raise ValueError(
                 f"guidance_scale={self.guidance_scale}: {name} has no guidance embedding ({style} guidance); "
                 "allowed: null; set true_cfg_scale instead"
+            )
+        end = adapter.max_sde_window_end(self.num_inference_steps)
+        if self.window_range[1] > end:
+            raise ValueError(
+                f"sde_window_range={list(self.window_range)}: {name} cannot take an SDE step past step {end} of "
+                f"num_inference_steps={self.num_inference_steps}; allowed: r1 <= {end} (null picks [0, {end}])"
             )
         unknown = sorted(set(self.model_kwargs) - set(adapter.sampling_keys))
         if unknown:

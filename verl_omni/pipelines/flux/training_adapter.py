@@ -11,18 +11,15 @@ resolution-dependent shift μ(S).
 What the rollout must record per sample (besides ``all_latents`` ``[W+1, S, 4C]``, FLUX's own packed
 latents, and ``all_timesteps`` ``[W]``): ``prompt_embeds`` ``[T, D_t5]`` (T = ``max_sequence_length``,
 512 by default) and ``pooled_prompt_embeds`` ``[D_clip]``. The guidance scale is a sampling setting
-(``model_kwargs['guidance_scale']``, the rollout's ``sampling_params.guidance_scale``).
+(``SamplingSpec.guidance_scale``, default 3.5).
 """
 
 from __future__ import annotations
 
 import torch
 
-from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter
+from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS, DiffusersFlowMatchAdapter
 from verl_omni.pipelines.model_base import register_training_adapter
-
-# FluxPipeline's default guidance scale (FLUX.1-dev's recommended 3.5)
-DEFAULT_GUIDANCE_SCALE = 3.5
 
 
 def image_position_ids(grid_height: int, grid_width: int, device, dtype) -> torch.Tensor:
@@ -38,39 +35,26 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
 
     rollout_pipeline = "verl_omni.pipelines.flux.rollout_pipeline.FluxLogProbPipeline"
     transformer_class = "FluxTransformer2DModel"
-    guidance_style = "guidance_embedding"
+    guidance_style = "distilled"
+    # FluxPipeline's default guidance scale (FLUX.1-dev's recommended 3.5)
+    default_guidance_scale = 3.5
     linear_sigmas = True
     # the CLIP tokenizer: its ids identify the prompt; the rollout encodes the text with CLIP and T5
     tokenizer_subfolder = "tokenizer"
     lora_file_pipeline = "FluxPipeline"
     conditioning_keys = ("prompt_embeds", "pooled_prompt_embeds")
     cfg_conditioning_keys = ()
-    sampling_keys = ("guidance_scale",)
     # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList and name the rest alike; vLLM-Omni's fused
     # ``to_qkv`` / ``add_kv_proj`` are mapped back from ``to_q``... by its LoRA manager
     rollout_name_map = ()
     fsdp_wrap_blocks = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
     # attention projections of the double-stream blocks (the single-stream blocks share to_q/k/v)
-    lora_target_modules = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
+    lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
     @classmethod
-    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
-        """CLIP ids of ``prompt`` (no padding), truncated to the encoder's length as the pipeline does."""
-        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
-
-    @staticmethod
-    def guidance_scale(spec) -> float:
-        """The embedded guidance scale of ``spec`` (``model_kwargs['guidance_scale']``, default 3.5)."""
-        return float(spec.model_kwargs.get("guidance_scale", DEFAULT_GUIDANCE_SCALE))
+    def embedded_guidance(cls, spec) -> float:
+        """The embedded guidance scale of ``spec`` (``SamplingSpec.guidance_scale``; null: the model's default)."""
+        return float(cls.default_guidance_scale if spec.guidance_scale is None else spec.guidance_scale)
 
     @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
@@ -78,7 +62,7 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
         if spec.uses_cfg:
             raise ValueError(
                 f"FLUX.1 (FluxPipeline) is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} is not supported "
-                "(set it to 1 and steer with model_kwargs.guidance_scale)"
+                "(set it to 1 and steer with guidance_scale)"
             )
         tokens = batch["all_latents"][:, step]
         height, width = cls.latent_grid(spec, vae_scale_factor)
@@ -86,7 +70,7 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
         guidance = None
         if module.config.guidance_embeds:
             guidance = torch.full(
-                (tokens.shape[0],), cls.guidance_scale(spec), dtype=torch.float32, device=tokens.device
+                (tokens.shape[0],), cls.embedded_guidance(spec), dtype=torch.float32, device=tokens.device
             )
         return module(
             hidden_states=tokens,

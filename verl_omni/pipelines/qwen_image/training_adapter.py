@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS
 from verl_omni.pipelines.model_base import ModelAdapter, register_training_adapter
 
 
@@ -59,16 +60,7 @@ class QwenImageTrainingAdapter(ModelAdapter):
     # transformer blocks wrapped one FSDP unit each
     fsdp_wrap_blocks = ("QwenImageTransformerBlock",)
     # attention projections of both streams: the usual Flow-GRPO LoRA targets for Qwen-Image
-    lora_target_modules = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
+    lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
     @classmethod
     def load_transformer(cls, model_path: str | Path, dtype: torch.dtype = torch.float32):

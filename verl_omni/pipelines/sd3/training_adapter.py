@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter, classic_cfg, pack_latents, unpack_latents
+from verl_omni.pipelines.diffusers_adapter import (
+    JOINT_ATTENTION_LORA_TARGETS,
+    DiffusersFlowMatchAdapter,
+    classic_cfg,
+    pack_latents,
+    unpack_latents,
+)
 from verl_omni.pipelines.model_base import register_training_adapter
 
 
@@ -26,7 +32,9 @@ class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
 
     rollout_pipeline = "verl_omni.pipelines.sd3.rollout_pipeline.SD3LogProbPipeline"
     transformer_class = "SD3Transformer2DModel"
-    guidance_style = "classic_cfg"
+    guidance_style = "cfg"
+    # Flow-GRPO's SD3.5 recipe (guidance_scale 4.5 in its config; diffusers' SD3 pipeline defaults to 7)
+    default_true_cfg_scale = 4.5
     # the SD3 pipelines' fallback when a dynamic-shift config lacks max_shift
     default_max_shift = 1.16
     # the CLIP-L tokenizer: its ids identify the prompt; the rollout encodes the text with all three
@@ -39,21 +47,7 @@ class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
     rollout_name_map = ()
     fsdp_wrap_blocks = ("JointTransformerBlock",)
     # attention projections of both streams (and of SD3.5's second image attention): Flow-GRPO's SD3.5 targets
-    lora_target_modules = (
-        "to_q",
-        "to_k",
-        "to_v",
-        "to_out.0",
-        "add_q_proj",
-        "add_k_proj",
-        "add_v_proj",
-        "to_add_out",
-    )
-
-    @classmethod
-    def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
-        """CLIP-L ids of ``prompt`` (no padding), truncated to the encoder's length as the pipeline does."""
-        return list(tokenizer(prompt, truncation=True, max_length=tokenizer.model_max_length).input_ids)
+    lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
     @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:

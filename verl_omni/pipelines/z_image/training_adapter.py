@@ -43,13 +43,51 @@ def _normalise(pred: torch.Tensor, pos: torch.Tensor, cfg_normalization: float) 
     return pred * torch.where(norm > max_norm, max_norm / norm.clamp(min=1e-12), pred.new_tensor(1.0))
 
 
+def cfg_scales(spec, model_time: torch.Tensor) -> list[float]:
+    """Per sample, Z-Image's guidance g = w − 1 at normalised time ``model_time`` (0 without CFG and past
+    ``cfg_truncation``; samples of a replay batch may be at different steps)."""
+    guidance = spec.true_cfg_scale - 1 if spec.uses_cfg else 0.0
+    truncation = float(spec.model_kwargs.get("cfg_truncation", DEFAULT_CFG_TRUNCATION))
+    return [0.0 if truncation <= 1 and float(tn) > truncation else guidance for tn in model_time]
+
+
+def guided_velocity(
+    module,
+    latents: torch.Tensor,
+    model_time: torch.Tensor,
+    captions: list[torch.Tensor],
+    negative_captions: list[torch.Tensor],
+    scales: list[float],
+    cfg_normalization: float,
+) -> torch.Tensor:
+    """The velocity ``[B, C, h, w]`` (fp32) as ``ZImagePipeline`` computes it, for the diffusers transformer (replay)
+    and vLLM-Omni's (rollout) alike: one call over the positives then, when a sample's scale is > 0, the negatives;
+    ``pos + g·(pos − neg)`` renormalised when ``cfg_normalization`` > 0; negated (the transformer predicts −v)."""
+    batch_size = latents.shape[0]
+    images = list(latents.unsqueeze(2).unbind(0))
+    if any(s > 0 for s in scales):
+        captions = list(captions) + list(negative_captions)
+        images, model_time = images * 2, model_time.repeat(2)
+    out = module(images, model_time, captions)[0]
+    preds = []
+    for i in range(batch_size):
+        pos = out[i].float()
+        pred = pos
+        if scales[i] > 0:
+            pred = pos + scales[i] * (pos - out[batch_size + i].float())
+            if cfg_normalization > 0:
+                pred = _normalise(pred, pos, cfg_normalization)
+        preds.append(pred)
+    return -torch.stack(preds).squeeze(2)
+
+
 @register_training_adapter("ZImagePipeline")
 class ZImageTrainingAdapter(DiffusersFlowMatchAdapter):
     """Training adapter for ``ZImagePipeline`` checkpoints (Z-Image, Z-Image-Turbo)."""
 
     rollout_pipeline = "verl_omni.pipelines.z_image.rollout_pipeline.ZImageLogProbPipeline"
     transformer_class = "ZImageTransformer2DModel"
-    guidance_style = "classic_cfg"
+    guidance_style = "cfg"
     zero_sigma_min = True
     tokenizer_subfolder = "tokenizer"
     lora_file_pipeline = "ZImagePipeline"
@@ -76,26 +114,8 @@ class ZImageTrainingAdapter(DiffusersFlowMatchAdapter):
         tokens = batch["all_latents"][:, step]
         latents = unpack_latents(tokens, *cls.latent_grid(spec, vae_scale_factor))
         model_time = (1000 - batch["all_timesteps"][:, step].float()) / 1000
-        guidance = spec.true_cfg_scale - 1 if spec.uses_cfg else 0.0
-        truncation = float(spec.model_kwargs.get("cfg_truncation", DEFAULT_CFG_TRUNCATION))
-        # per sample: CFG off past the truncation time (samples of a replay batch may be at different steps)
-        scales = [0.0 if truncation <= 1 and float(tn) > truncation else guidance for tn in model_time]
+        scales = cfg_scales(spec, model_time)
         captions = _caption_list(batch, "prompt_embeds", tokens.dtype)
-        images = list(latents.unsqueeze(2).unbind(0))
-        batch_size = len(images)
-        apply_cfg = any(s > 0 for s in scales)
-        if apply_cfg:
-            captions += _caption_list(batch, "negative_prompt_embeds", tokens.dtype)
-            images, model_time = images * 2, model_time.repeat(2)
-        out = module(images, model_time, captions, return_dict=False)[0]
-        preds = []
-        for i in range(batch_size):
-            pos = out[i].float()
-            pred = pos
-            if scales[i] > 0:
-                pred = pos + scales[i] * (pos - out[batch_size + i].float())
-                normalization = float(spec.model_kwargs.get("cfg_normalization", DEFAULT_CFG_NORMALIZATION))
-                if normalization > 0:
-                    pred = _normalise(pred, pos, normalization)
-            preds.append(pred)
-        return pack_latents(-torch.stack(preds).squeeze(2))
+        negatives = _caption_list(batch, "negative_prompt_embeds", tokens.dtype) if any(s > 0 for s in scales) else []
+        normalization = float(spec.model_kwargs.get("cfg_normalization", DEFAULT_CFG_NORMALIZATION))
+        return pack_latents(guided_velocity(module, latents, model_time, captions, negatives, scales, normalization))

@@ -101,11 +101,7 @@ def qwen3_tokenizer():
 
 
 def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
-    """A 2-layer ``Qwen3ForCausalLM`` with tied embeddings (Z-Image reads its second-to-last hidden states).
-
-    The causal-LM class, as vLLM-Omni's Z-Image pipeline builds its text encoder and names its weights
-    (``model.layers...``): a bare ``Qwen3Model`` checkpoint (``layers...``) does not load there.
-    """
+    """A 2-layer Qwen3 language model (``Qwen3ForCausalLM``, tied head); Z-Image reads its second-to-last hidden states."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     ids = tokenizer.convert_tokens_to_ids
@@ -123,6 +119,8 @@ def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
         pad_token_id=ids("<|endoftext|>"),
         tie_word_embeddings=True,
     )
+    # the released checkpoints' layout (``Qwen3ForCausalLM``, weights under ``model.``): vLLM-Omni loads the text
+    # encoder with AutoModelForCausalLM; diffusers reads the same hidden states through it
     return Qwen3ForCausalLM(config).eval()
 
 

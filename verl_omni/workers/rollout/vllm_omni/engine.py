@@ -75,6 +75,10 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     ``extra_fields`` under the same names.
     """
     trajectory = (output.multimodal_output or {}).get("trajectory")
+    if trajectory is None and isinstance(getattr(output, "trajectory_latents", None), dict):
+        # SD3 / FLUX / Z-Image: vLLM-Omni 0.26's post-process of these models takes an image tensor, not the
+        # payload envelope, so their pipelines send the trajectory in the field kept for it (diffusers_rollout)
+        trajectory = output.trajectory_latents
     if trajectory is None:
         raise RuntimeError(
             "engine output has no trajectory payload: is the engine running a log-prob rollout pipeline "

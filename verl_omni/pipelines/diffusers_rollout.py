@@ -1,0 +1,95 @@
+"""What the rollout pipelines of the diffusers-family models (SD3.5, FLUX.1, Z-Image) share.
+
+Each model's pipeline subclasses vLLM-Omni 0.26's own and keeps its denoising loop; this mixin
+adds what a log-prob rollout needs around that loop: the requests of one transformer batch parsed
+(token ids, one :class:`~verl_omni.pipelines.sampling.SamplingSpec` each, shared shape and
+guidance), the prompt text for models with several tokenizers, per-sample conditioning, and the
+per-request outputs.
+
+Output per request: the images ``[N, 3, H, W]`` in [-1, 1] as the ``output`` tensor (the model's
+stock vLLM-Omni post-process turns them into PIL images) and the trajectory as a dict in
+``DiffusionOutput.trajectory_latents``: what the recorder recorded (``all_latents`` packed to
+``[N, W+1, S, 4C]``, ``rollout_log_probs``, ``all_timesteps``, ``window_start``) and the
+conditioning named by the model's adapter. Qwen-Image and BAGEL send the trajectory inside the
+``{"payload": ...}`` envelope instead; vLLM-Omni 0.26's SD3, FLUX and Z-Image post-process
+functions take an image tensor only, so these pipelines use the field vLLM-Omni keeps for
+trajectories (``OmniRequestOutput.trajectory_latents`` on the client, read by
+``engine.unpack_request_output``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm_omni.diffusion.data import DiffusionOutput
+
+from verl_omni.pipelines.diffusers_adapter import pack_latents
+from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
+
+
+class DiffusersRolloutMixin:
+    """Put before the vLLM-Omni pipeline class: ``class SD3LogProbPipeline(DiffusersRolloutMixin, StableDiffusion3Pipeline)``."""
+
+    supports_request_batch = True
+    # the trajectory recording lives in forward(); the engine's step-execution mode is not wired
+    supports_step_execution = False
+
+    def start_batch(self, req) -> tuple[list[RolloutRequest], SamplingSpec]:
+        """Each request of ``req`` resolved per sample, and the spec they share (their shape, schedule, guidance)."""
+        if not hasattr(self, "request_batch_sizes"):
+            # requests per transformer batch, in order: read by the worker extension (batching metric)
+            self.request_batch_sizes: list[int] = []
+        self.request_batch_sizes.append(req.num_reqs)
+        requests = [parse_rollout_request(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
+        return requests, shared_spec([r.spec for r in requests])
+
+    @staticmethod
+    def prompt_texts(tokenizer, requests: list[RolloutRequest], negative: bool = False) -> list[str]:
+        """The text of each request's prompt ids (the adapter's tokenizer; special tokens dropped), for
+        models whose other text encoders have other tokenizers. A missing negative prompt is the empty
+        one, as the stock pipelines default it."""
+        ids = [r.negative_prompt_token_ids if negative else r.prompt_token_ids for r in requests]
+        return [tokenizer.decode(row, skip_special_tokens=True) if row else "" for row in ids]
+
+    @staticmethod
+    def per_sample(tensor: torch.Tensor, requests: list[RolloutRequest]) -> torch.Tensor:
+        """Rows of one per request repeated to one per sample (request-major, as the recorder orders samples)."""
+        counts = torch.tensor([r.num_samples for r in requests], device=tensor.device)
+        return tensor.repeat_interleave(counts, dim=0)
+
+    @staticmethod
+    def _request_conditioning(conditioning: dict[str, torch.Tensor], rows: range) -> dict[str, torch.Tensor]:
+        """A request's rows on the host; a ``key`` with a ``key_mask`` loses the padding columns only its batch
+        companions needed."""
+        out = {k: v[rows.start : rows.stop].detach().cpu() for k, v in conditioning.items()}
+        for key in [k for k in out if f"{k}_mask" in out]:
+            length = int(out[f"{key}_mask"].sum(dim=1).max())
+            out[key], out[f"{key}_mask"] = out[key][:, :length], out[f"{key}_mask"][:, :length]
+        return out
+
+    def rollout_outputs(
+        self,
+        recorder: RolloutRecorder,
+        images: torch.Tensor,
+        conditioning: dict[str, torch.Tensor],
+        packed: bool,
+    ) -> list[DiffusionOutput]:
+        """One output per request: its images and its trajectory (latents packed unless ``packed`` already)."""
+        if not bool(torch.isfinite(images).all()):
+            raise FloatingPointError("decoded rollout images have non-finite pixels")
+        outputs = []
+        for rows, recorded in zip(recorder.rows(), recorder.split(), strict=True):
+            trajectory: dict[str, Any] = dict(recorded)
+            if not packed:
+                latents = trajectory["all_latents"]
+                n, w1 = latents.shape[:2]
+                flat = pack_latents(latents.reshape(n * w1, *latents.shape[2:]))
+                trajectory["all_latents"] = flat.reshape(n, w1, *flat.shape[1:])
+            trajectory |= self._request_conditioning(conditioning, rows)
+            outputs.append(
+                DiffusionOutput(output=images[rows.start : rows.stop].float(), trajectory_latents=trajectory)
+            )
+        return outputs
