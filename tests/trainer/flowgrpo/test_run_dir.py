@@ -72,6 +72,28 @@ def test_commit_renames_the_partial_marks_it_and_moves_the_tracker_after(tmp_pat
     run.lock.release()
 
 
+def test_commit_flushes_every_file_before_marking_and_the_rename_before_the_tracker(tmp_path, monkeypatch):
+    """A power loss cannot be caused here, so ``os.fsync`` is wrapped to record what it flushed, in order."""
+    run = open_run_dir(trainer(tmp_path / "run"))
+    partial = save(run, 1, commit=False)
+    written = sorted(str(p) for p in partial.rglob("*") if p.is_file())
+    flushed: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    run.commit_checkpoint(1)
+    marker = next(i for i, p in enumerate(flushed) if run_dir.COMPLETE_FILE in p)
+    assert set(written) <= set(flushed[:marker]), "a file was marked complete before it was flushed"
+    root = str(run.root)
+    tracker = next(i for i, p in enumerate(flushed) if run_dir.TRACKER_FILE in p)
+    assert root in flushed[marker:tracker], "the rename was not flushed before the tracker named the step"
+    run.lock.release()
+
+
 def test_auto_resumes_a_finished_run_from_its_newest_checkpoint(tmp_path):
     root = finished_run(tmp_path / "run")
     run = open_run_dir(trainer(root))

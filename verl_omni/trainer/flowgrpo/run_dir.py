@@ -119,6 +119,31 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename or a new file) to disk: without it a power loss can undo them."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and directory under ``root`` to disk before it is marked complete.
+
+    The ranks wrote these files through the page cache; a kill cannot lose them, a power loss
+    can. Flushing here, once, keeps ``checkpoint_complete.json`` from outliving its files.
+    """
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+    _fsync_dir(root)
 
 
 def read_tracker(root: Path) -> int | None:
@@ -255,6 +280,7 @@ class RunDir:
         Call only after every rank's save returned and ``data.pt`` is written.
         """
         partial, final = partial_dir(self.root, step), step_dir(self.root, step)
+        _fsync_tree(partial)
         files = {str(p.relative_to(partial)): p.stat().st_size for p in sorted(partial.rglob("*")) if p.is_file()}
         _write_atomic(
             partial / COMPLETE_FILE, json.dumps({"step": step, "world_size": self.world_size, "files": files})
@@ -264,6 +290,7 @@ class RunDir:
             logger.warning("replacing %s (%s)", final, checkpoint_problem(final) or "complete")
             shutil.rmtree(final)
         os.replace(partial, final)
+        _fsync_dir(self.root)
         _write_atomic(self.root / TRACKER_FILE, str(step))
         self.prune(keep)
         return final
