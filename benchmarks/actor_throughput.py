@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
+from verl_omni.pipelines.qwen_image.tiny_model import QWEN_IMAGE_SCHEDULER_CONFIG
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler
-from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 from verl_omni.workers.utils.replay import prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
@@ -120,9 +120,11 @@ def make_batch(model, spec: SamplingSpec, batch: int, text_len: int, vae_scale_f
     return fields
 
 
-def fwd_bwd(model, scheduler, batch: dict, spec: SamplingSpec, vae_scale_factor: int, dtype: torch.dtype) -> None:
+def fwd_bwd(
+    model, scheduler, batch: dict, spec: SamplingSpec, vae_scale_factor: int, dtype: torch.dtype, adapter=ADAPTER
+) -> None:
     with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=dtype != torch.float32):
-        out = replay_step(ADAPTER, model, scheduler, batch, 0, spec, vae_scale_factor)
+        out = replay_step(adapter, model, scheduler, batch, 0, spec, vae_scale_factor)
     out.log_prob.mean().backward()
 
 
@@ -145,22 +147,26 @@ def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype, n: int) -> f
     return 2 * n**3 * reps / (time.perf_counter() - start) / 1e12
 
 
-def measure(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype) -> dict:
+def measure(
+    model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype, adapter=ADAPTER, batch_fn=None
+) -> dict:
+    """Samples/s and TFLOP/s of ``fwd_bwd`` at ``micro_batch``; ``batch_fn`` (``make_batch``'s signature) and
+    ``adapter`` let another model's benchmark reuse the loop."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    batch = make_batch(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
+    batch = (batch_fn or make_batch)(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
     for _ in range(args.warmup):
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     counter = FlopCounterMode(display=False)
     with counter:
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     model.zero_grad(set_to_none=True)
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for _ in range(args.iters):
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     _sync(device)
     seconds = (time.perf_counter() - start) / args.iters
     model.zero_grad(set_to_none=True)

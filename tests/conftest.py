@@ -31,6 +31,21 @@ def tiny_qwen_image_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """``build(name, dtype="float32") -> Path``: the tiny random model ``name`` (seed 0), built once per session."""
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    built = {}
+
+    def build(name: str, dtype: str = "float32"):
+        if (name, dtype) not in built:
+            built[name, dtype] = build_tiny_model(name, tmp_path_factory.mktemp(f"tiny_{name}_{dtype}"), 0, dtype)
+        return built[name, dtype]
+
+    return build
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen_image_bf16_path(tmp_path_factory):
     """The same tiny Qwen-Image saved in bf16, like the released checkpoint (GPU engines run it in bf16)."""
     from verl_omni.utils.tiny_models import build_tiny_model

@@ -69,3 +69,31 @@ def test_bf16_variant_saves_bf16_weights_and_rejects_other_dtypes(tiny_qwen_imag
         assert {st.get_tensor(k).dtype for k in st.keys()} == {torch.bfloat16}
     with pytest.raises(ValueError, match="dtype"):
         build_tiny_model("qwen_image", tmp_path, dtype="int8")
+
+
+def test_each_model_package_holds_its_tiny_builder():
+    """A model's tiny builder lives in its package (``pipelines/<model>/tiny_model.py``), found by reading the source."""
+    from verl_omni.pipelines.model_base import ADAPTER_MODULE
+    from verl_omni.utils import tiny_models
+
+    packages = {p.parent.name for p in tiny_models.PIPELINES_DIR.glob(f"*/{ADAPTER_MODULE}.py")}
+    assert {"qwen_image", "bagel", "sd3", "flux", "z_image"} <= packages
+    builtins = tiny_models._builtin_builders()
+    assert {name: builtins.get(name) for name in packages} == {
+        name: f"verl_omni.pipelines.{name}.{tiny_models.MODEL_PACKAGE_MODULE}" for name in packages
+    }
+    # builders of what is no model package stay in utils/tiny_models (the reward scorers' CLIP)
+    assert builtins["clip"] == "verl_omni.utils.tiny_models.clip"
+
+
+def test_cli_builds_a_model_from_its_package(tmp_path):
+    """``python -m verl_omni.utils.tiny_models sd3 --out DIR`` in a new interpreter writes what diffusers reads."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "sd3"
+    subprocess.run(
+        [sys.executable, "-m", "verl_omni.utils.tiny_models", "sd3", "--out", str(out)], check=True, timeout=600
+    )
+    assert json.loads((out / "model_index.json").read_text())["_class_name"] == "StableDiffusion3Pipeline"
+    assert (out / "transformer" / "diffusion_pytorch_model.safetensors").is_file()

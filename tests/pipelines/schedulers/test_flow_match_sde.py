@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from verl_omni.pipelines.qwen_image.tiny_model import QWEN_IMAGE_SCHEDULER_CONFIG
 from verl_omni.pipelines.schedulers import (
     FlowMatchSDEDiscreteScheduler,
     ode_step,
@@ -16,7 +17,6 @@ from verl_omni.pipelines.schedulers import (
     step_dts,
     window_noise_levels,
 )
-from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 
 NUM_STEPS = 10
 

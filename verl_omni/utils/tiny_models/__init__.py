@@ -13,36 +13,51 @@ import ast
 import hashlib
 import importlib
 import importlib.metadata
-import importlib.util
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
 
-# Built-in builders, found without a list: the module ``verl_omni/utils/tiny_models/<name>.py`` that
-# defines a top-level ``build_tiny_<name>(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path``
-# is the builder of ``<name>``. Modules without one (``tokenizer``) are shared helpers. Names are read
-# from the source (an ``ast`` parse), not by importing it: ``import verl_omni.utils.tiny_models`` and
-# listing the names stay free of torch/transformers imports; a builder's module loads when it is used.
+# Built-in builders, found without a list, in two places:
+# * a model package's ``verl_omni/pipelines/<model>/tiny_model.py`` that defines a top-level
+#   ``build_tiny_<model>(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path`` is the builder of
+#   ``<model>`` (a model's tiny builder lives with its adapter: adding a model touches no file here);
+# * a module ``verl_omni/utils/tiny_models/<name>.py`` defining ``build_tiny_<name>`` (models that are no
+#   adapter package, e.g. the reward scorers' ``clip``). Modules without one (``tokenizer``, ``components``)
+#   are shared helpers.
+# Names are read from the source (an ``ast`` parse), not by importing it: ``import verl_omni.utils.tiny_models``
+# and listing the names stay free of torch/transformers imports; a builder's module loads when it is used.
 BUILDER_PREFIX = "build_tiny_"
+# the module of a model package that holds its tiny builder
+MODEL_PACKAGE_MODULE = "tiny_model"
+PIPELINES_DIR = Path(__file__).resolve().parents[2] / "pipelines"
 # Other packages add builders through this entry-point group: ``<name> = "<module>:<function>"``.
 TINY_MODEL_ENTRY_POINT_GROUP = "verl_omni.tiny_models"
 
 
-def _defines_builder(module: str, name: str) -> bool:
-    """Whether ``module``'s source defines a top-level ``build_tiny_<name>`` function (read, not imported)."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+def _defines_builder(path: Path, name: str) -> bool:
+    """Whether the source file ``path`` defines a top-level ``build_tiny_<name>`` function (read, not imported)."""
+    if not path.is_file():
         return False
-    tree = ast.parse(Path(spec.origin).read_text(), filename=spec.origin)
+    tree = ast.parse(path.read_text(), filename=str(path))
     return any(isinstance(node, ast.FunctionDef) and node.name == BUILDER_PREFIX + name for node in tree.body)
 
 
-def _builtin_builders() -> list[str]:
-    return [
-        info.name
-        for info in pkgutil.iter_modules(__path__)
-        if not info.ispkg and not info.name.startswith("_") and _defines_builder(f"{__name__}.{info.name}", info.name)
-    ]
+def _builtin_builders() -> dict[str, str]:
+    """Built-in builder name -> the module that defines it."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        if not info.ispkg and not info.name.startswith("_"):
+            if _defines_builder(Path(__path__[0]) / f"{info.name}.py", info.name):
+                found[info.name] = f"{__name__}.{info.name}"
+    for package in sorted(p for p in PIPELINES_DIR.iterdir() if p.is_dir()):
+        if _defines_builder(package / f"{MODEL_PACKAGE_MODULE}.py", package.name):
+            if package.name in found:
+                raise RuntimeError(
+                    f"tiny model {package.name!r} is built by both {found[package.name]} and "
+                    f"verl_omni.pipelines.{package.name}.{MODEL_PACKAGE_MODULE}: keep one"
+                )
+            found[package.name] = f"verl_omni.pipelines.{package.name}.{MODEL_PACKAGE_MODULE}"
+    return found
 
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -56,7 +71,7 @@ def available_builders() -> list[str]:
 
 def get_builder(name: str) -> Callable[..., Path]:
     """Return the builder of ``name`` (imported now); unknown names list the choices and how to add one."""
-    builtin = name in _builtin_builders()
+    builtin = _builtin_builders().get(name)
     ep = _entry_points().get(name)
     if builtin and ep is not None:
         raise ValueError(
@@ -64,7 +79,7 @@ def get_builder(name: str) -> Callable[..., Path]:
             f"(group {TINY_MODEL_ENTRY_POINT_GROUP!r}): rename the entry point"
         )
     if builtin:
-        return getattr(importlib.import_module(f"{__name__}.{name}"), BUILDER_PREFIX + name)
+        return getattr(importlib.import_module(builtin), BUILDER_PREFIX + name)
     if ep is not None:
         builder = ep.load()
         if not callable(builder):
@@ -72,7 +87,8 @@ def get_builder(name: str) -> Callable[..., Path]:
         return builder
     raise ValueError(
         f"Unknown tiny model {name!r}. Available: {', '.join(available_builders())}. Add one as a module "
-        f"verl_omni/utils/tiny_models/<name>.py defining {BUILDER_PREFIX}<name>(out_dir, seed=0, dtype='float32'), "
+        f"verl_omni/pipelines/<name>/{MODEL_PACKAGE_MODULE}.py defining {BUILDER_PREFIX}<name>(out_dir, seed=0, "
+        "dtype='float32'), "
         f"or install a package declaring an entry point in group {TINY_MODEL_ENTRY_POINT_GROUP!r}: "
         "'<name> = \"<module>:<function>\"' (docs/models.md)."
     )
