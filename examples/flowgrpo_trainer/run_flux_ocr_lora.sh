@@ -41,7 +41,8 @@ OUT=${OUT:-outputs/flowgrpo/flux_ocr_lora}
 # `train.adv_clip_max`); no KL (grpo.py `train.beta = 0`); std over the whole batch
 # (`sample.global_std = True`); bf16 (`config.mixed_precision = "bf16"`); LoRA rank 64, alpha 128
 # (train_flux.py `LoraConfig(r=64, lora_alpha=128)`); seed 42 (base.py `config.seed`);
-# checkpoint and validation every 30 steps (`save_freq = 30`, `eval_freq = 30`).
+# checkpoint and validation every 30 steps (`save_freq = 30`, `eval_freq = 30`); validation batch 16
+# (`sample.test_batch_size = 16`).
 python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.model.path="$MODEL_PATH" \
     actor_rollout_ref.model.lora.rank=64 \
@@ -54,7 +55,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.noise_level=0.9 \
     actor_rollout_ref.rollout.sde_type=sde \
     actor_rollout_ref.rollout.sde_window_size=5 \
-    actor_rollout_ref.rollout.sde_window_range=[0,5] \
+    actor_rollout_ref.rollout.sde_window_range='[0,5]' \
     actor_rollout_ref.rollout.n=24 \
     actor_rollout_ref.rollout.enable_batched_diffusion=True \
     actor_rollout_ref.rollout.dtype=bfloat16 \

@@ -42,7 +42,8 @@ OUT=${OUT:-outputs/flowgrpo/sd3_ocr_lora}
 # KL beta 0.04 (grpo.py `train.beta = 0.04`); advantages clipped to 5 (base.py `train.adv_clip_max`),
 # std over the whole batch (grpo.py `sample.global_std = True`); LoRA rank 32, alpha 64 (train_sd3.py
 # `LoraConfig(r=32, lora_alpha=64)`) on the attention projections of both streams (its target_modules,
-# the adapter's default); seed 42 (base.py `config.seed`).
+# the adapter's default); seed 42 (base.py `config.seed`); validation batch 16 (`sample.test_batch_size = 16`);
+# checkpoint and validation every 60 steps (`save_freq = 60`, `eval_freq = 60`).
 python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.model.path="$MODEL_PATH" \
     actor_rollout_ref.model.lora.rank=32 \
@@ -55,7 +56,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.noise_level=0.7 \
     actor_rollout_ref.rollout.sde_type=sde \
     actor_rollout_ref.rollout.sde_window_size=9 \
-    actor_rollout_ref.rollout.sde_window_range=[0,9] \
+    actor_rollout_ref.rollout.sde_window_range='[0,9]' \
     actor_rollout_ref.rollout.n=24 \
     actor_rollout_ref.rollout.enable_batched_diffusion=True \
     actor_rollout_ref.rollout.dtype=bfloat16 \

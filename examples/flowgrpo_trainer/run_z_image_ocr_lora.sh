@@ -34,7 +34,8 @@ OUT=${OUT:-outputs/flowgrpo/z_image_ocr_lora}
 # updates per step: mini-batch 32 * 16 / 2 = 256 samples; micro-batch 4 per GPU
 # (`sample.train_batch_size = 4`); no KL (`train.beta = 0`); std over the whole batch
 # (`sample.global_std = True`); bf16 (`config.mixed_precision = "bf16"`); checkpoint and validation
-# every 30 steps. From config/base.py: lr 3e-4, Adam weight decay 1e-4, grad-norm clip 1.0, PPO clip
+# every 30 steps (validation batch 16 here; theirs 4 per GPU). From config/base.py: lr 3e-4, Adam
+# weight decay 1e-4, grad-norm clip 1.0, PPO clip
 # range 1e-4, advantages clipped to 5, seed 42. LoRA rank 64, alpha 128: the authors' FLUX LoRA
 # (scripts/train_flux.py `LoraConfig(r=64, lora_alpha=128)`) and run_qwen_image_ocr_lora.sh's.
 python3 -m verl_omni.trainer.main_flowgrpo \
@@ -49,7 +50,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.noise_level=1.2 \
     actor_rollout_ref.rollout.sde_type=sde \
     actor_rollout_ref.rollout.sde_window_size=2 \
-    actor_rollout_ref.rollout.sde_window_range=[0,5] \
+    actor_rollout_ref.rollout.sde_window_range='[0,5]' \
     actor_rollout_ref.rollout.n=16 \
     actor_rollout_ref.rollout.enable_batched_diffusion=True \
     actor_rollout_ref.rollout.dtype=bfloat16 \

@@ -54,3 +54,24 @@ def test_rollout_engine_bounds_the_start_by_its_setting_and_refuses_a_second_nam
     assert kwargs["additional_config"][cpu_patches.ENGINE_START_KEY]["timeout_key"] == ENGINE_START_TIMEOUT_KEY
     with pytest.raises(ValueError, match=r"engine_kwargs.vllm_omni.init_timeout is set by .*engine_start_timeout_s"):
         OmniRolloutEngine(str(tiny_qwen_image_path), init_timeout=5)
+
+
+def test_z_image_gap_is_worked_around_on_its_versions_only(tmp_path, caplog):
+    """On 0.26 the stock Z-Image pipeline's transformer class takes the checkpoint's sizes while it is built, and is
+    restored after; on a version the gap was not seen in, nothing is patched and a warning names the gap."""
+    import json
+
+    from vllm_omni.diffusion.models.z_image import pipeline_z_image
+
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps({"dim": 32, "n_layers": 2, "_class_name": "x"}))
+    original = pipeline_z_image.ZImageTransformer2DModel
+    with cpu_patches.z_image_transformer_from_checkpoint(str(tmp_path), installed="0.26.0"):
+        patched = pipeline_z_image.ZImageTransformer2DModel
+        assert patched.func is original and patched.keywords == {"dim": 32, "n_layers": 2}
+    assert pipeline_z_image.ZImageTransformer2DModel is original
+    with caplog.at_level(logging.WARNING, logger=cpu_patches.__name__):
+        with cpu_patches.z_image_transformer_from_checkpoint(str(tmp_path), installed="0.27.0"):
+            assert pipeline_z_image.ZImageTransformer2DModel is original
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == cpu_patches.__name__)
+    assert "z_image_transformer_sizes" in message and "found 0.27.0" in message and "PIPELINE_GAPS" in message

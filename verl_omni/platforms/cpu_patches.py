@@ -1,15 +1,23 @@
-"""The only place where verl_omni patches private vLLM-Omni internals for CPU.
+"""The only place where verl_omni patches private vLLM-Omni internals: the version gates live here.
 
-Each patch names the upstream gap it fills, checks the vLLM-Omni version it was written
-for, is idempotent, and is applied only when our CPU platform is active
-(:func:`verl_omni.platforms.omni_general_plugin`). Remove a patch once vLLM-Omni ships a
-CPU platform with the same behaviour.
+* **CPU patches** (:data:`PATCHES`): each names the upstream gap it fills, checks the vLLM-Omni
+  version it was written for, is idempotent, and is applied only when our CPU platform is active
+  (:func:`verl_omni.platforms.omni_general_plugin`). Remove a patch once vLLM-Omni ships a CPU
+  platform with the same behaviour.
+* **Pipeline gaps** (:data:`PIPELINE_GAPS`, every device): a model pipeline of ours works around a
+  gap of vLLM-Omni's own pipeline only while :func:`gap_open` says the installed version is one
+  the gap was seen open in; on another version the workaround is skipped with a warning naming it.
 """
 
 import concurrent.futures
+import functools
+import inspect
+import json
 import logging
 import threading
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -295,3 +303,57 @@ def apply_all(installed_version: str | None = None) -> list[str]:
     for patch in PATCHES.values():
         patch()
     return sorted(_applied)
+
+
+# ---- pipeline gaps (every device) ------------------------------------------------------------
+
+# gap name -> vLLM-Omni versions it was seen open in (each gap's workaround below names it)
+PIPELINE_GAPS = {
+    # vllm_omni/diffusion/models/z_image/pipeline_z_image.py: ``ZImagePipeline.__init__`` calls
+    # ``ZImageTransformer2DModel()`` with the released 6B model's sizes, ignoring ``transformer/config.json``
+    "z_image_transformer_sizes": ("0.26.",),
+}
+
+
+def gap_open(name: str, installed: str | None = None) -> bool:
+    """Whether vLLM-Omni ``installed`` (default: the installed one) is a version gap ``name`` was seen open in."""
+    versions = PIPELINE_GAPS[name]
+    if installed is None:
+        from vllm_omni.version import __version__ as installed
+    if installed.startswith(versions):
+        return True
+    logger.warning(
+        "verl_omni works around vLLM-Omni gap %r for vllm-omni %s, found %s: workaround not applied. If the gap is "
+        "still open in this version, extend PIPELINE_GAPS[%r] in %s",
+        name,
+        "/".join(v + "x" for v in versions),
+        installed,
+        name,
+        __name__,
+    )
+    return False
+
+
+@contextmanager
+def z_image_transformer_from_checkpoint(model_path: str, installed: str | None = None):
+    """While ``ZImagePipeline.__init__`` runs, its transformer class takes the checkpoint's config.
+
+    Gap ``z_image_transformer_sizes``: vLLM-Omni 0.26 builds the transformer with the released model's
+    sizes (dim 3840, 30 layers), so any other checkpoint (a tiny one, a distilled one) fails to load
+    ("Tried to load weights of size [32] to a parameter of size [3840]"). Only the keys the class's
+    constructor accepts are passed.
+    """
+    config_file = Path(model_path) / "transformer" / "config.json"
+    if not config_file.is_file() or not gap_open("z_image_transformer_sizes", installed):
+        yield
+        return
+    from vllm_omni.diffusion.models.z_image import pipeline_z_image
+
+    original = pipeline_z_image.ZImageTransformer2DModel
+    accepted = inspect.signature(original.__init__).parameters
+    config = {k: v for k, v in json.loads(config_file.read_text()).items() if k in accepted}
+    pipeline_z_image.ZImageTransformer2DModel = functools.partial(original, **config)
+    try:
+        yield
+    finally:
+        pipeline_z_image.ZImageTransformer2DModel = original

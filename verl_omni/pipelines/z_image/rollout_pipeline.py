@@ -17,14 +17,7 @@ negatives (the empty prompt unless one is sent); latents packed to ``[S, 4C]``.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import json
-from contextlib import contextmanager
-from pathlib import Path
-
 import torch
-from vllm_omni.diffusion.models.z_image import pipeline_z_image
 from vllm_omni.diffusion.models.z_image.pipeline_z_image import ZImagePipeline, calculate_shift, retrieve_timesteps
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
@@ -37,6 +30,7 @@ from verl_omni.pipelines.z_image.training_adapter import (
     cfg_scales,
     guided_velocity,
 )
+from verl_omni.platforms.cpu_patches import z_image_transformer_from_checkpoint
 
 
 def _pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,33 +41,14 @@ def _pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return embeds, mask
 
 
-@contextmanager
-def _transformer_from_checkpoint(model_path: str):
-    """Gap: vLLM-Omni 0.26's ``ZImagePipeline.__init__`` builds ``ZImageTransformer2DModel()`` with the released
-    model's sizes (dim 3840, 30 layers) whatever ``transformer/config.json`` says, so any other checkpoint (a tiny
-    one, a distilled one) fails to load. While the stock ``__init__`` runs, the class it calls takes the
-    checkpoint's config (the keys its constructor accepts)."""
-    config_file = Path(model_path) / "transformer" / "config.json"
-    original = pipeline_z_image.ZImageTransformer2DModel
-    if not config_file.is_file():
-        yield
-        return
-    accepted = inspect.signature(original.__init__).parameters
-    config = {k: v for k, v in json.loads(config_file.read_text()).items() if k in accepted}
-    pipeline_z_image.ZImageTransformer2DModel = functools.partial(original, **config)
-    try:
-        yield
-    finally:
-        pipeline_z_image.ZImageTransformer2DModel = original
-
-
 class ZImageLogProbPipeline(DiffusersRolloutMixin, ZImagePipeline):
     """Z-Image rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
     supports_request_batch = True
 
     def __init__(self, *, od_config, prefix: str = ""):
-        with _transformer_from_checkpoint(od_config.model):
+        # vLLM-Omni 0.26 builds the released 6B transformer whatever the checkpoint's config says (version-gated)
+        with z_image_transformer_from_checkpoint(od_config.model):
             super().__init__(od_config=od_config, prefix=prefix)
 
     def _captions(self, requests: list[RolloutRequest], negative: bool) -> list[torch.Tensor]:

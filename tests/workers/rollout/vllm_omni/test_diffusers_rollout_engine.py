@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers_helpers import replay_log_probs, start_engine, tokenized_prompt
 
 H = W = 32
 STEPS = 4
@@ -32,10 +33,8 @@ def model_name(request):
 
 
 @pytest.fixture(scope="module")
-def tiny_path(model_name, tmp_path_factory):
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return build_tiny_model(model_name, tmp_path_factory.mktemp(f"tiny_{model_name}"), seed=0)
+def tiny_path(model_name, tiny_model_dir):
+    return tiny_model_dir(model_name)
 
 
 @pytest.fixture(scope="module")
@@ -47,27 +46,16 @@ def adapter(tiny_path):
 
 @pytest.fixture(scope="module")
 def model_engine(tiny_path, loop):
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    # the engine warms up at the size the tests generate at (one step), not vLLM-Omni's 512²
-    rollout = OmniRolloutEngine(str(tiny_path), dtype="float32", warmup_size=(H, W))
-
-    async def start():
-        rollout.start()
-
-    loop.run(start())
+    rollout = start_engine(loop, tiny_path, "float32", (H, W))
     yield rollout
     rollout.shutdown()
 
 
 @pytest.fixture(scope="module")
 def prompt_ids(tiny_path, adapter):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_path, subfolder=adapter.tokenizer_subfolder)
     return {
-        "cat": adapter.prompt_token_ids(tokenizer, "a red cat on a chair"),
-        "negative": adapter.prompt_token_ids(tokenizer, "blurry"),
+        "cat": tokenized_prompt(tiny_path, adapter, "a red cat on a chair"),
+        "negative": tokenized_prompt(tiny_path, adapter, "blurry"),
     }
 
 
@@ -118,23 +106,9 @@ def test_batched_equals_per_sample(loop, model_engine, model_name, prompt_ids, b
 
 
 def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tiny_path, batched):
-    from verl_omni.pipelines.sampling import SamplingSpec
-    from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
-
-    spec, _ = SamplingSpec.from_request_params(sampling(model_name), adapter)
-    spec = spec.replay()
-    batch = {k: torch.stack([o.extra_fields[k] for o in batched]) for k in ("all_latents", "all_timesteps")}
-    batch |= {k: torch.stack([o.extra_fields[k] for o in batched]) for k in adapter.required_keys(spec.uses_cfg)}
-    check_replay_batch(batch, spec, adapter)
-    module = adapter.build_module(tiny_path).eval()
-    scheduler = adapter.build_scheduler(tiny_path)
-    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
-    vae_scale = adapter.vae_scale_factor(tiny_path)
-    with torch.no_grad():
-        replayed = torch.stack(
-            [replay_step(adapter, module, scheduler, batch, j, spec, vae_scale).log_prob for j in range(WINDOW)], dim=1
-        )
+    replayed = replay_log_probs(adapter, tiny_path, batched, sampling(model_name))
     rollout = torch.stack([o.rollout_log_probs for o in batched])
+    assert replayed.shape == rollout.shape == (len(batched), WINDOW)
     diff = float((replayed - rollout).abs().max())
     print(f"{model_name}: rollout vs actor replay max |log_prob diff| = {diff:.3e}")
     assert diff <= 1e-5

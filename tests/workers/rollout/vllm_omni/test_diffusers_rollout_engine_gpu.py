@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers_helpers import replay_log_probs, start_engine, tokenized_prompt
 
 H = W = 64
 STEPS = 6
@@ -49,24 +50,14 @@ def adapter(tiny_path):
 
 @pytest.fixture(scope="module")
 def gpu_engine(tiny_path, loop):
-    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-
-    rollout = OmniRolloutEngine(str(tiny_path), dtype="bfloat16", warmup_size=(H, W))
-
-    async def start():
-        rollout.start()
-
-    loop.run(start(), timeout=rollout.engine_start_timeout_s + 60)
+    rollout = start_engine(loop, tiny_path, "bfloat16", (H, W))
     yield rollout
     rollout.shutdown()
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tiny_path, adapter):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_path, subfolder=adapter.tokenizer_subfolder)
-    return adapter.prompt_token_ids(tokenizer, "a red cat on a chair")
+def ids(tiny_path, adapter):
+    return tokenized_prompt(tiny_path, adapter, "a red cat on a chair")
 
 
 def sampling(model_name):
@@ -75,10 +66,10 @@ def sampling(model_name):
 
 
 @pytest.fixture(scope="module")
-def outputs(loop, gpu_engine, model_name, prompt_ids):
+def outputs(loop, gpu_engine, model_name, ids):
     """``SAMPLES`` samples of one request (the batched path); with CFG the negative prompt is the empty one
     (none sent), as the authors' SD3.5 recipe samples."""
-    return loop.run(gpu_engine.engine_call(prompt_ids, sampling(model_name), f"gpu-{model_name}", SAMPLES))
+    return loop.run(gpu_engine.engine_call(ids, sampling(model_name), f"gpu-{model_name}", SAMPLES))
 
 
 def test_bf16_rollout_gives_distinct_images_and_finite_log_probs(model_name, outputs):
@@ -92,23 +83,9 @@ def test_bf16_rollout_gives_distinct_images_and_finite_log_probs(model_name, out
 
 
 def test_bf16_actor_replay_matches_the_rollout(model_name, adapter, tiny_path, outputs):
-    from verl_omni.pipelines.sampling import SamplingSpec
-    from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
-
-    spec, _ = SamplingSpec.from_request_params(sampling(model_name), adapter)
-    spec = spec.replay()
-    keys = ("all_latents", "all_timesteps", *adapter.required_keys(spec.uses_cfg))
-    batch = {k: torch.stack([o.extra_fields[k] for o in outputs]).cuda() for k in keys}
-    check_replay_batch(batch, spec, adapter)
-    module = adapter.build_module(tiny_path).float().cuda().eval()
-    scheduler = adapter.build_scheduler(tiny_path)
-    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
-    vae_scale = adapter.vae_scale_factor(tiny_path)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-        replayed = torch.stack(
-            [replay_step(adapter, module, scheduler, batch, j, spec, vae_scale).log_prob for j in range(WINDOW)], dim=1
-        )
-    rollout = torch.stack([o.rollout_log_probs for o in outputs]).cuda()
-    diff = float((replayed.float() - rollout.float()).abs().max())
+    replayed = replay_log_probs(adapter, tiny_path, outputs, sampling(model_name), "cuda", torch.bfloat16)
+    rollout = torch.stack([o.rollout_log_probs for o in outputs]).float()
+    assert replayed.shape == rollout.shape == (SAMPLES, WINDOW)
+    diff = float((replayed - rollout).abs().max())
     print(f"{model_name}: bf16 rollout vs bf16 actor replay on CUDA, max |log-prob diff| = {diff:.3e}")
     assert diff <= REPLAY_BOUND_BF16

@@ -1,0 +1,46 @@
+"""Engine start and actor replay of the diffusers-family rollouts (SD3.5, FLUX.1, Z-Image), shared by the CPU
+and GPU engine tests."""
+
+import torch
+
+
+def start_engine(loop, model_path, dtype: str, size: tuple[int, int]):
+    """The model's rollout engine, started; it warms up at ``size`` (one step), not at vLLM-Omni's 512²."""
+    from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
+
+    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, warmup_size=size)
+
+    async def start():
+        rollout.start()
+
+    loop.run(start(), timeout=rollout.engine_start_timeout_s + 60)
+    return rollout
+
+
+def tokenized_prompt(model_path, adapter, text: str) -> list[int]:
+    """``text`` as the adapter's tokenizer gives it to the rollout."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, subfolder=adapter.tokenizer_subfolder)
+    return adapter.prompt_token_ids(tokenizer, text)
+
+
+def replay_log_probs(adapter, model_path, outputs, params: dict, device: str = "cpu", autocast=None) -> torch.Tensor:
+    """``[B, W]`` log π_θ of the outputs' recorded steps, replayed with the adapter's diffusers transformer
+    (fp32 weights on ``device``; ``autocast``: a dtype to compute in, as a bf16 actor does), as the trainer does."""
+    from verl_omni.pipelines.sampling import SamplingSpec
+    from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
+
+    spec, _ = SamplingSpec.from_request_params(params, adapter)
+    spec = spec.replay()
+    keys = ("all_latents", "all_timesteps", *adapter.required_keys(spec.uses_cfg))
+    batch = {k: torch.stack([o.extra_fields[k] for o in outputs]).to(device) for k in keys}
+    check_replay_batch(batch, spec, adapter)
+    module = adapter.build_module(model_path).to(device).eval()
+    scheduler = adapter.build_scheduler(model_path)
+    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
+    vae_scale = adapter.vae_scale_factor(model_path)
+    window = batch["all_timesteps"].shape[1]
+    with torch.no_grad(), torch.autocast(device, dtype=autocast or torch.float32, enabled=autocast is not None):
+        steps = [replay_step(adapter, module, scheduler, batch, j, spec, vae_scale).log_prob for j in range(window)]
+    return torch.stack(steps, dim=1).float().cpu()
