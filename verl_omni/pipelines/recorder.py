@@ -151,6 +151,7 @@ class RolloutRecorder:
         self.sigmas = sigmas.to(device=self.device, dtype=torch.float32)
         self.timesteps = timesteps.detach().to(self.device).float()
         self.dts = step_dts(self.sigmas)
+        self._sigmas_host = self.sigmas.cpu().tolist()
         per_sample = list(zip(self._starts, self._sizes, self._levels, strict=True))
         table = [[lv if start <= t < start + w else 0.0 for start, w, lv in per_sample] for t in range(steps)]
         # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step

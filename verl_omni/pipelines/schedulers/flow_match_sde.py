@@ -14,8 +14,9 @@ Math (DESIGN.md §2), sigmas in (0, 1], σ = 1 is pure noise, step σ → σ', �
 * ``cps``: s = σ'·sin(aπ/2); x̂0 = x − σv; x̂1 = x + (1 − σ)v; μ = (1 − σ')x̂0 + sqrt(σ'² − s²)·x̂1;
   x' = μ + s·ε; log p = −mean (x' − μ)² (no normalizer, as in the Flow-GRPO reference code).
 * ``dance`` (DanceGRPO, docs/algorithms.md §2.1): the rectified-flow SDE with a constant diffusion
-  coefficient a (the paper's η): x̂0 = x − σv, score ≈ −(x − (1 − σ)x̂0)/σ²,
-  μ = x + Δt·(v − ½a²·score); x' = μ + a·sqrt(−Δt)·ε; log p as for ``sde`` with std a·sqrt(−Δt).
+  coefficient a (the paper's η): x̂0 = x − σv, score ≈ −(x − (1 − σ)x̂0)/σ² = −(x + (1 − σ)v)/σ,
+  μ = x + Δt·(v − ½a²·score) = x·(1 + a²Δt/(2σ)) + v·Δt·(1 + a²(1 − σ)/(2σ)); x' = μ + a·sqrt(−Δt)·ε;
+  log p as for ``sde`` with std a·sqrt(−Δt). (The mean of ``sde`` with a constant s = a.)
 
 A noise level of 0 gives the deterministic Euler (ODE) step for both types; its log-prob is
 undefined and returned as NaN so that any use of it is visible.
@@ -187,11 +188,10 @@ def sde_transition(
         mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
         noise_scale = std_dev_t * torch.sqrt(-dt)
     elif sde_type == "dance":
-        # DanceGRPO's step as its code writes it: the Euler mean plus the score term of the reverse SDE
+        # DanceGRPO's mean x + Δt·(v − ½a²·score) with the score's x̂0 substituted: the authors' form subtracts
+        # two O(1) terms to get an O(σ) one and divides by σ², which costs fp32 digits as σ → 0
         std_dev_t = a
-        x0_hat = x - sigma * v
-        score = -(x - x0_hat * (1 - sigma)) / sigma**2
-        mean = x + dt * v + (-0.5 * a**2 * score) * dt
+        mean = x * (1 + a**2 * dt / (2 * sigma)) + v * (1 + a**2 * (1 - sigma) / (2 * sigma)) * dt
         noise_scale = a * torch.sqrt(-dt)
     else:
         std_dev_t = sigma_next * torch.sin(a * math.pi / 2)

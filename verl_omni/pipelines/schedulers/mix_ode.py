@@ -13,6 +13,9 @@ and the docs share one definition.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import torch
 
 WINDOW_SCHEDULES = ("random", "progressive")
@@ -82,15 +85,15 @@ def compressed_schedule(
     return sigmas[index], timesteps[index[:-1].to(timesteps.device)]
 
 
-def _lambda(sigma: torch.Tensor) -> torch.Tensor:
+def _lambda(sigma: float) -> float:
     """λ = log(α/σ) with α = 1 − σ (the half log-SNR of the flow-matching path)."""
-    return torch.log(1 - sigma) - torch.log(sigma)
+    return math.log(1 - sigma) - math.log(sigma)
 
 
 def dpm_solver_pp_step(
     sample: torch.Tensor,
     x0: torch.Tensor,
-    sigmas: torch.Tensor,
+    sigmas: Sequence[float],
     step: int,
     previous_x0: torch.Tensor | None = None,
     order: int = 2,
@@ -104,12 +107,13 @@ def dpm_solver_pp_step(
       x' = first-order x' − ½·α'·(e^{−h} − 1)·D1.
 
     The step to σ' = 0 returns x̂0 (the first-order limit, as the authors' solver does on its final step);
-    a step without a usable previous x̂0 (none, or taken at σ = 1 where λ = −∞) is first order.
+    a step without a usable previous x̂0 (none, or taken at σ = 1 where λ = −∞) is first order. The
+    coefficients are host floats (the σ table on the host), so a step reads nothing back from the device.
 
     Args:
         sample (`torch.Tensor`): x at σ_step.
         x0 (`torch.Tensor`): the data prediction x − σ·v at this step.
-        sigmas (`torch.Tensor`, ``[T+1]``): the (possibly compressed) σ table.
+        sigmas (`Sequence[float]`, ``T+1`` values): the (possibly compressed) σ table.
         step: the step index.
         previous_x0 (`torch.Tensor`, *optional*): the data prediction of step ``step − 1``.
         order: 1 or 2.
@@ -120,19 +124,16 @@ def dpm_solver_pp_step(
     if order not in ODE_SOLVER_ORDERS:
         raise ValueError(f"order must be one of {ODE_SOLVER_ORDERS}, got {order}")
     x, m0 = sample.to(torch.float32), x0.to(torch.float32)
-    sigma_s = sigmas[step].to(torch.float32)
-    sigma_t = sigmas[step + 1].to(torch.float32)
-    if float(sigma_t) == 0.0:
+    sigma_s, sigma_t = float(sigmas[step]), float(sigmas[step + 1])
+    if sigma_t == 0.0:
         return m0.clone()
-    alpha_t = 1 - sigma_t
     h = _lambda(sigma_t) - _lambda(sigma_s)
-    phi = torch.exp(-h) - 1.0
-    out = (sigma_t / sigma_s) * x - alpha_t * phi * m0
-    usable = order == 2 and previous_x0 is not None and step >= 1 and float(sigmas[step - 1]) < 1.0
-    if usable:
-        h_prev = _lambda(sigma_s) - _lambda(sigmas[step - 1].to(torch.float32))
+    phi = math.expm1(-h)
+    out = (sigma_t / sigma_s) * x - ((1 - sigma_t) * phi) * m0
+    if order == 2 and previous_x0 is not None and step >= 1 and float(sigmas[step - 1]) < 1.0:
+        h_prev = _lambda(sigma_s) - _lambda(float(sigmas[step - 1]))
         d1 = (m0 - previous_x0.to(torch.float32)) * (h / h_prev)
-        out = out - 0.5 * alpha_t * phi * d1
+        out = out - (0.5 * (1 - sigma_t) * phi) * d1
     return out
 
 
