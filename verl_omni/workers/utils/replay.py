@@ -14,12 +14,18 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
 from verl_omni.pipelines.model_base import SDE_WINDOW
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.pipelines.schedulers.flow_match_sde import SDEStepOutput, sde_step_with_logprob
+from verl_omni.pipelines.schedulers.flow_match_sde import (
+    SDEStepOutput,
+    schedule_sigmas,
+    sde_step_with_logprob,
+    step_indices_for_timesteps,
+)
 from verl_omni.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -87,6 +93,21 @@ def replay_step(
 # ---- replays by rollout record ------------------------------------------------------------------
 
 
+class ReplayedSDEStep(NamedTuple):
+    """One replayed SDE transition: :class:`SDEStepOutput`'s fields and the step's Δt.
+
+    Args:
+        prev_sample, log_prob, prev_sample_mean, std_dev_t: as in :class:`SDEStepOutput` (fp32).
+        dt (`torch.Tensor`, ``[B]``): σ' − σ of each sample's step (< 0), fp32.
+    """
+
+    prev_sample: torch.Tensor
+    log_prob: torch.Tensor
+    prev_sample_mean: torch.Tensor
+    std_dev_t: torch.Tensor
+    dt: torch.Tensor
+
+
 class SDEWindowReplay:
     """How the engine replays an ``SDE_WINDOW`` record: W recorded SDE transitions per sample.
 
@@ -112,10 +133,16 @@ class SDEWindowReplay:
 
     @staticmethod
     def step(adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1):
-        return replay_step(adapter, module, scheduler, batch, step, spec, vae_scale_factor)
+        """:func:`replay_step` plus the step's Δt = σ' − σ ``[B]`` (losses that weigh steps by their size read it)."""
+        out = replay_step(adapter, module, scheduler, batch, step, spec, vae_scale_factor)
+        t = batch["all_timesteps"][:, step]
+        index = step_indices_for_timesteps(scheduler, t, t.shape[0])
+        sigmas = schedule_sigmas(scheduler, out.log_prob.device)
+        index = index.to(sigmas.device)
+        return ReplayedSDEStep(*out, dt=sigmas[index + 1] - sigmas[index])
 
     @staticmethod
-    def outputs(replayed: SDEStepOutput) -> dict[str, torch.Tensor]:
+    def outputs(replayed: ReplayedSDEStep) -> dict[str, torch.Tensor]:
         """Per-step tensors of a forward-only pass, stacked by the engine to ``[B, W, ...]``."""
         return {"log_probs": replayed.log_prob, "prev_sample_mean": replayed.prev_sample_mean}
 
