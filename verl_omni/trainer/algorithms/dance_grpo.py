@@ -1,5 +1,5 @@
 """DanceGRPO (Xue et al., 2025, arXiv:2505.07818): GRPO on the rectified-flow SDE, trained on a random fraction
-of the denoising steps (``docs/algorithms.md`` §2).
+of the denoising steps (``docs/algorithms.md``, "DanceGRPO").
 
 What differs from Flow-GRPO, and where it lives:
 

@@ -1,5 +1,5 @@
 """MixGRPO (Li et al., 2025, arXiv:2507.21802): SDE inside a window that slides with training, ODE outside it,
-GRPO on the window's steps only (``docs/algorithms.md`` §3).
+GRPO on the window's steps only (``docs/algorithms.md``, "MixGRPO").
 
 What differs from Flow-GRPO, and where it lives:
 
