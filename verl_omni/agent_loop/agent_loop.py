@@ -46,6 +46,7 @@ from verl.utils.ray_utils import auto_await, get_event_loop
 from verl_omni.agent_loop.utils import (
     BatchPlan,
     chunk_bounds,
+    group_noise_seeds,
     one_row_array,
     pad_conditioning_to,
     plan_batches,
@@ -180,19 +181,23 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
             batch.non_tensor_batch["agent_name"] = np.array([cfg.agent.default_agent_loop] * len(batch), dtype=object)
         rows = [{k: v[i] for k, v in batch.non_tensor_batch.items()} for i in range(len(batch))]
         seeds = [sample_seed(cfg.seed, step, offset + i) for i in range(len(batch))]
-        params = self.sampling_params(validate)
+        # the trainer step travels with every request (it places a progressive SDE window)
+        params = {**self.sampling_params(validate), "global_step": step}
+        n = cfg.val_kwargs.n if validate else cfg.n
+        shared = self.sampling_specs[validate].same_initial_noise
+        noise_seeds = group_noise_seeds(rows, seeds, n) if shared else [None] * len(rows)
 
-        plan = self.plan(rows, cfg.val_kwargs.n if validate else cfg.n)
+        plan = self.plan(rows, n)
         if plan.batched:
             size = plan.group_size
             groups = [
-                self._run_group(params, rows[s : s + size], seeds[s : s + size], validate)
+                self._run_group(params, rows[s : s + size], seeds[s : s + size], validate, noise_seeds[s : s + size])
                 for s in range(0, len(rows), size)
             ]
             outputs = [o for group in await asyncio.gather(*groups) for o in group]
         else:
             outputs = await asyncio.gather(
-                *[self._run_row(params, r, s, validate) for r, s in zip(rows, seeds, strict=True)]
+                *[self._run_row(params, r, s, validate, ns) for r, s, ns in zip(rows, seeds, noise_seeds, strict=True)]
             )
         return self._postprocess(outputs, batch.non_tensor_batch, validate)
 
@@ -228,16 +233,28 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
             processor=self.processor,
         )
 
-    async def _run_row(self, params, row, seed: int, validate: bool) -> DiffusionAgentLoopOutput:
+    @staticmethod
+    def _request_seeds(seeds: list[int], noise_seeds: list[int | None]) -> dict[str, list[int]]:
+        """The request's per-sample seed fields: ``seeds``, and ``initial_noise_seeds`` when the group shares one."""
+        out = {"seeds": list(seeds)}
+        if noise_seeds and noise_seeds[0] is not None:
+            out["initial_noise_seeds"] = list(noise_seeds)
+        return out
+
+    async def _run_row(self, params, row, seed: int, validate: bool, noise_seed=None) -> DiffusionAgentLoopOutput:
         kwargs = {k: v for k, v in row.items() if k != "agent_name"}
-        output = await self._agent_loop(row["agent_name"]).run({**params, "seeds": [seed]}, **kwargs)
+        request = {**params, **self._request_seeds([seed], [noise_seed])}
+        output = await self._agent_loop(row["agent_name"]).run(request, **kwargs)
         return await self._agent_loop_postprocess(output, validate, **row)
 
-    async def _run_group(self, params, rows, seeds: list[int], validate: bool) -> list[DiffusionAgentLoopOutput]:
+    async def _run_group(
+        self, params, rows, seeds: list[int], validate: bool, noise_seeds=None
+    ) -> list[DiffusionAgentLoopOutput]:
         """One request for the group; its samples are post-processed (rewards included) concurrently."""
         kwargs = {k: v for k, v in rows[0].items() if k != "agent_name"}
         agent_loop = self._agent_loop(rows[0]["agent_name"])
-        outputs = await agent_loop.run_batched({**params, "seeds": seeds}, len(rows), **kwargs)
+        request = {**params, **self._request_seeds(seeds, noise_seeds or [None])}
+        outputs = await agent_loop.run_batched(request, len(rows), **kwargs)
         if len(outputs) != len(rows):
             raise RuntimeError(f"agent loop returned {len(outputs)} samples for a group of {len(rows)} rows")
         return await asyncio.gather(

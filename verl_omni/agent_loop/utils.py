@@ -27,6 +27,19 @@ def sample_seed(rollout_seed: int, global_step: int, row: int) -> int:
     return stable_hash(f"{int(rollout_seed)}:{int(global_step)}:{int(row)}") & _SEED_MASK
 
 
+def group_noise_seeds(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int], group_size: int) -> list[int]:
+    """Per row, the seed of its prompt group's initial noise (``SamplingSpec.same_initial_noise``): the seed of
+    the group's first row. A group is the rows sharing a ``uid`` (the trainer's prompt id), else each run of
+    ``group_size`` consecutive rows; so the batched and the per-sample paths give a group one noise."""
+    first: dict[Any, int] = {}
+    out = []
+    for i, (row, seed) in enumerate(zip(rows, seeds, strict=True)):
+        key = ("uid", _plain(row["uid"])) if "uid" in row else ("run", i // max(group_size, 1))
+        key = key if not isinstance(key[1], list) else (key[0], tuple(key[1]))
+        out.append(first.setdefault(key, int(seed)))
+    return out
+
+
 def _plain(value: Any) -> Any:
     """Numpy containers as Python ones, so that two prompts compare by content."""
     if isinstance(value, np.ndarray):

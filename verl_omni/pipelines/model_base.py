@@ -12,7 +12,8 @@ A model is three things that must agree with each other:
 Adapters are classes whose attributes state facts and whose class methods do the work;
 :class:`ModelAdapter` is the base with the parts every model shares. They are registered by
 architecture name (``model_index.json``'s ``_class_name`` for diffusers checkpoints,
-``config.json``'s ``architectures[0]`` otherwise) and declare the algorithms they support.
+``config.json``'s ``architectures[0]`` otherwise) and declare what their rollout can record (and so
+which algorithms they can serve).
 Engines look the adapter up here; nothing in the trainer tests an architecture name.
 
 Registration keeps no list (``docs/models.md``): a built-in model is a package
@@ -40,7 +41,14 @@ from verl_omni.utils.registry import Registry, import_submodules
 PIPELINES_PACKAGE = "verl_omni.pipelines"
 ADAPTER_MODULE = "training_adapter"
 ADAPTER_ENTRY_POINT_GROUP = "verl_omni.model_adapters"
-DEFAULT_ALGORITHM = "flow_grpo"
+
+# what a rollout pipeline can record per sample, besides the image and the conditioning tensors
+# (an algorithm declares the one it needs, ``verl_omni.trainer.algorithms``):
+# SDE_WINDOW: the W+1 latents, W log-probs and W timesteps of an SDE window (DESIGN.md §3);
+# ODE_SAMPLES: the clean final latents of a deterministic sample, no log-probs
+SDE_WINDOW = "sde_window"
+ODE_SAMPLES = "ode_samples"
+ROLLOUT_RECORDS = (SDE_WINDOW, ODE_SAMPLES)
 
 
 def _import_builtin_adapters() -> None:
@@ -71,7 +79,10 @@ class ModelAdapter:
 
     Class attributes:
         rollout_pipeline (`str`): dotted path of the vLLM-Omni custom pipeline class of this model.
-        algorithms (`tuple[str]`): RL algorithms the adapter's replay supports.
+        rollout_records (`tuple[str]`): what the rollout pipeline can record (:data:`ROLLOUT_RECORDS`); an
+            algorithm needing another record is refused for this model before Ray starts.
+        algorithms (`tuple[str]` or None): restricts the RL algorithms (registered names) the model supports;
+            None: every algorithm whose record is in ``rollout_records``.
         fsdp_wrap_blocks (`tuple[str]`): module class names wrapped one FSDP unit each.
         lora_target_modules (`tuple[str]`): default peft ``target_modules``.
         lora_file_pipeline (`str` or None): diffusers pipeline whose LoRA file format checkpoints use.
@@ -92,7 +103,8 @@ class ModelAdapter:
     """
 
     rollout_pipeline: ClassVar[str]
-    algorithms: ClassVar[tuple[str, ...]] = (DEFAULT_ALGORITHM,)
+    rollout_records: ClassVar[tuple[str, ...]] = (SDE_WINDOW,)
+    algorithms: ClassVar[tuple[str, ...] | None] = None
     fsdp_wrap_blocks: ClassVar[tuple[str, ...]] = ()
     lora_target_modules: ClassVar[tuple[str, ...]] = ()
     lora_file_pipeline: ClassVar[str | None] = None
@@ -216,16 +228,12 @@ def architecture_name(model_path: str | Path) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def get_training_adapter(model_path: str | Path, algorithm: str = DEFAULT_ALGORITHM) -> type[ModelAdapter]:
-    """The adapter registered for the checkpoint at ``model_path``; it must support ``algorithm``.
+def get_training_adapter(model_path: str | Path) -> type[ModelAdapter]:
+    """The adapter registered for the checkpoint at ``model_path`` (whether it serves the run's algorithm is
+    checked by the config validation, ``verl_omni.trainer.algorithms.check_model_supports``).
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     try:
-        adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
+        return TRAINING_ADAPTERS.get(architecture_name(model_path))
     except ValueError as e:
         raise ValueError(f"model.path={model_path!s}: {e}") from None
-    if algorithm not in adapter.algorithms:
-        raise ValueError(
-            f"{adapter.__name__} (model.path={model_path!s}) supports algorithms {adapter.algorithms}, not {algorithm!r}"
-        )
-    return adapter

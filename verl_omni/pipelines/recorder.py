@@ -14,9 +14,15 @@ A pipeline that writes its own loop uses it in four calls::
     recorder = RolloutRecorder(requests, device)              # seeds, generators, windows
     latents = self.prepare_latents(..., recorder.generators)  # per-sample initial noise
     recorder.set_schedule(schedule_sigmas(scheduler, device), timesteps)
-    for t in timesteps:                                       # the model's own loop and CFG
+    for t in recorder.loop_timesteps:                         # the model's own loop and CFG
         latents = recorder.step(noise_pred, latents)
     trajectories = recorder.split()                           # one dict per request, on the host
+
+``recorder.loop_timesteps`` is ``timesteps`` itself unless the spec thins the ODE after the window
+(MixGRPO-Flash, ``SamplingSpec.changes_post_window_ode``): then it is the compressed schedule, and a
+pipeline that loops over its own timesteps instead is stopped at the first step past it. With
+``initial_noise_seeds`` (DanceGRPO's shared initial noise) ``recorder.generators`` seed the initial
+noise only; the SDE noise comes from generators seeded with the samples' own seeds.
 
 A pipeline that keeps vLLM-Omni's own loop (SD3 and FLUX step through
 ``scheduler_step_maybe_with_cfg`` → ``self.scheduler.step(...)``, Z-Image through
@@ -43,6 +49,7 @@ from diffusers.utils.torch_utils import randn_tensor
 
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.schedulers.flow_match_sde import ode_step, schedule_sigmas, sde_transition, step_dts
+from verl_omni.pipelines.schedulers.mix_ode import compressed_schedule, dpm_solver_pp_step
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +75,28 @@ class RolloutRecorder:
         self.requests = list(requests)
         self.device = torch.device(device)
         gen_device = self.device if generator_device is None else torch.device(generator_device)
-        #: one generator per sample, seeded with the sample's seed: its initial noise, then its window's noise
-        self.generators = [g for r in self.requests for g in r.generators(gen_device)]
+        #: one generator per sample for its window's noise, seeded with the sample's seed
+        self._window_generators = [g for r in self.requests for g in r.generators(gen_device)]
+        #: one generator per sample for its initial noise: the window's generator (it draws the initial noise
+        #: first) unless the request gives the initial noise seeds of its own (``initial_noise_seeds``)
+        self.generators = [
+            g
+            for r, start in zip(self.requests, self._request_offsets(), strict=True)
+            for g in (
+                r.initial_noise_generators(gen_device)
+                if r.spec.initial_noise_seeds
+                else self._window_generators[start : start + r.num_samples]
+            )
+        ]
         sde_types = {r.sde_type for r in self.requests}
         if len(sde_types) > 1:
             raise ValueError(f"requests batched together must share sde_type, got {sorted(sde_types)}")
         self.sde_type = sde_types.pop()
+        self.spec = self.requests[0].spec
+        for name in ("ode_solver", "ode_solver_order", "ode_post_window_ratio"):
+            values = {getattr(r.spec, name) for r in self.requests}
+            if len(values) > 1:
+                raise ValueError(f"requests batched together must share the sampling spec's {name}, got {values}")
         # per sample (host): window start, window size and noise level; a level of 0 records nothing
         self._starts = [s for r in self.requests for s in r.window_starts]
         self._sizes = [r.window_size for r in self.requests for _ in r.seeds]
@@ -84,6 +107,13 @@ class RolloutRecorder:
         self._log_probs: list[list[torch.Tensor]] = [[] for _ in self.generators]
         self._timesteps: list[list[torch.Tensor]] = [[] for _ in self.generators]
         self._latent_shape: tuple[int, ...] = ()
+
+    def _request_offsets(self) -> list[int]:
+        offsets, start = [], 0
+        for r in self.requests:
+            offsets.append(start)
+            start += r.num_samples
+        return offsets
 
     @property
     def num_samples(self) -> int:
@@ -109,14 +139,41 @@ class RolloutRecorder:
         late = [(i, s) for i, (s, w) in enumerate(zip(self._starts, self._sizes, strict=True)) if s + w > steps]
         if late:
             raise ValueError(f"SDE windows (sample, start) {late} end after the schedule's {steps} steps")
+        self.post_window_start = self._post_window_start(steps)
+        if self.post_window_start < steps:
+            sigmas, timesteps = compressed_schedule(
+                sigmas, timesteps, self.post_window_start, self.spec.ode_post_window_ratio
+            )
+            steps = len(sigmas) - 1
+        #: what the pipeline's denoising loop iterates over: ``timesteps`` unless the ODE after the window is thinned
+        self.loop_timesteps = timesteps
+        self._previous_x0: torch.Tensor | None = None
         self.sigmas = sigmas.to(device=self.device, dtype=torch.float32)
         self.timesteps = timesteps.detach().to(self.device).float()
         self.dts = step_dts(self.sigmas)
+        self._sigmas_host = self.sigmas.cpu().tolist()
         per_sample = list(zip(self._starts, self._sizes, self._levels, strict=True))
         table = [[lv if start <= t < start + w else 0.0 for start, w, lv in per_sample] for t in range(steps)]
         # ``[T, B]`` on the device, copied once: a per-step host tensor would be a copy per window step
         self.noise_level_table = torch.tensor(table, dtype=torch.float32).to(self.device)
         self.step_index = 0
+
+    def _post_window_start(self, steps: int) -> int:
+        """The first step the spec's post-window ODE (MixGRPO-Flash) takes: the shared end of every stochastic
+        sample's window; ``steps`` (none) when the spec keeps the Euler ODE or nothing is stochastic."""
+        if not self.spec.changes_post_window_ode:
+            return steps
+        ends = {
+            start + size for start, size, level in zip(self._starts, self._sizes, self._levels, strict=True) if level
+        }
+        if not ends:
+            return steps
+        if len(ends) > 1:
+            raise ValueError(
+                f"the ODE after the window (ode_solver={self.spec.ode_solver!r}, ode_post_window_ratio="
+                f"{self.spec.ode_post_window_ratio}) needs one window end for the whole batch, got {sorted(ends)}"
+            )
+        return ends.pop()
 
     # ---- stepping ------------------------------------------------------------------------------
 
@@ -135,8 +192,31 @@ class RolloutRecorder:
         if latents.shape[0] != self.num_samples:
             raise ValueError(f"latents hold {latents.shape[0]} samples, the recorder {self.num_samples}")
         step = self.step_index
+        if step >= len(self.dts):
+            raise RuntimeError(
+                f"step {step} is past the recorder's {len(self.dts)}-step schedule: the denoising loop must iterate "
+                "over recorder.loop_timesteps (the ODE after the window is thinned by the sampling spec)"
+            )
         self.step_index += 1
         self._latent_shape = tuple(latents.shape[1:])
+        if self.spec.ode_solver != "euler" and self.post_window_start < len(self.dts):
+            return self._solver_step(step, noise_pred, latents)
+        return self._step(step, noise_pred, latents)
+
+    def _solver_step(self, step: int, noise_pred: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
+        """A step of a rollout whose ODE after the window is the spec's solver (MixGRPO-Flash): the usual step up to
+        the window's end, DPM-Solver++ after it; every step's data prediction x − σv is kept for the next."""
+        x0 = latents.to(torch.float32) - self.sigmas[step] * noise_pred.to(torch.float32)
+        if step < self.post_window_start:
+            out = self._step(step, noise_pred, latents)
+        else:
+            out = dpm_solver_pp_step(latents, x0, self.sigmas, step, self._previous_x0, self.spec.ode_solver_order).to(
+                latents.dtype
+            )
+        self._previous_x0 = x0
+        return out
+
+    def _step(self, step: int, noise_pred: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         active = self.in_window(step)
         if not active:
             # nobody in a window: the Euler step, without a noise draw
@@ -172,7 +252,9 @@ class RolloutRecorder:
         noise = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
         shape = (1, *latents.shape[1:])
         for i in active:
-            noise[i] = randn_tensor(shape, generator=self.generators[i], device=noise.device, dtype=noise.dtype)[0]
+            noise[i] = randn_tensor(
+                shape, generator=self._window_generators[i], device=noise.device, dtype=noise.dtype
+            )[0]
         return noise
 
     @contextmanager

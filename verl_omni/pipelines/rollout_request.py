@@ -19,6 +19,7 @@ import torch
 
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import sample_sde_window_start
+from verl_omni.pipelines.schedulers.mix_ode import progressive_window_start
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class RolloutRequest:
         prompt_token_ids (`list[int]`): templated prompt ids.
         negative_prompt_token_ids (`list[int]` or None): templated negative prompt ids; None means no negative prompt.
         spec (`SamplingSpec`): the request's sampling settings, ``seeds`` holding one seed per sample.
-        window_starts (`list[int]`, length N): first SDE step of each sample (seeded, in ``spec.window_range``).
+        window_starts (`list[int]`, length N): first SDE step of each sample, in ``spec.window_range`` (seeded per
+            sample, or the progressive schedule's start at ``spec.global_step``).
     """
 
     prompt_token_ids: list[int]
@@ -41,13 +43,23 @@ class RolloutRequest:
 
     @classmethod
     def build(cls, prompt_token_ids: list[int], negative_prompt_token_ids: list[int] | None, spec: SamplingSpec):
-        """The request of ``spec.seeds`` samples, each window placed by its seed."""
+        """The request of ``spec.seeds`` samples, each window placed by its seed or by the progressive schedule."""
         if not spec.seeds:
             raise ValueError("a rollout request needs one seed per sample (SamplingSpec.seeds is empty)")
-        starts = [
-            sample_sde_window_start(seed, spec.num_inference_steps, spec.sde_window_size, spec.window_range)
-            for seed in spec.seeds
-        ]
+        if spec.sde_window_schedule == "progressive":
+            start = progressive_window_start(
+                spec.global_step,
+                spec.sde_window_size,
+                spec.window_range,
+                spec.sde_window_stride,
+                spec.sde_window_shift_every,
+            )
+            starts = [start] * len(spec.seeds)
+        else:
+            starts = [
+                sample_sde_window_start(seed, spec.num_inference_steps, spec.sde_window_size, spec.window_range)
+                for seed in spec.seeds
+            ]
         return cls(list(prompt_token_ids), negative_prompt_token_ids, spec, starts)
 
     @property
@@ -70,13 +82,27 @@ class RolloutRequest:
     def sde_type(self) -> str:
         return self.spec.sde_type
 
+    @property
+    def shares_initial_noise_seeds(self) -> bool:
+        """Whether the initial noise has seeds of its own (``initial_noise_seeds``) rather than the samples'."""
+        return bool(self.spec.initial_noise_seeds)
+
     def generators(self, device: torch.device) -> list[torch.Generator]:
         """A fresh generator per sample, seeded with the sample's seed."""
         return [torch.Generator(device=device).manual_seed(seed) for seed in self.seeds]
 
+    def initial_noise_generators(self, device: torch.device) -> list[torch.Generator]:
+        """A fresh generator per sample for its initial noise, seeded with its ``initial_noise_seeds`` entry."""
+        return [torch.Generator(device=device).manual_seed(seed) for seed in self.spec.initial_noise_seeds]
+
     def sample(self, index: int) -> RolloutRequest:
         """The request of sample ``index`` alone (a pipeline that denoises one sample at a time)."""
-        spec = replace(self.spec, seeds=(self.seeds[index],))
+        noise_seeds = self.spec.initial_noise_seeds
+        spec = replace(
+            self.spec,
+            seeds=(self.seeds[index],),
+            initial_noise_seeds=noise_seeds[index : index + 1] if noise_seeds else (),
+        )
         return replace(self, spec=spec, window_starts=[self.window_starts[index]])
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from verl_omni.pipelines.schedulers.flow_match_sde import MAX_NOISE_LEVEL, SDE_TYPES
+from verl_omni.pipelines.schedulers.mix_ode import ODE_SOLVER_ORDERS, ODE_SOLVERS, WINDOW_SCHEDULES
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ EXTRA_ARGS_KEY = "sampling_spec"
 # request keys outside the spec: ``seed`` (the first sample's seed when ``seeds`` is not given; sample i gets
 # seed + i) and the keys verl's agent loops send for text models (meaningless for diffusion, ignored)
 REQUEST_ONLY_KEYS = ("seed",)
+# spec fields a request fills in (per sample or per training step); the config and the replay leave them empty
+REQUEST_FIELDS = ("seeds", "initial_noise_seeds", "global_step")
 IGNORED_LLM_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "logprobs", "max_tokens", "n")
 # what every request of one transformer batch must share; seeds, noise level and window are per request
 BATCH_SHARED_FIELDS = (
@@ -45,6 +48,9 @@ BATCH_SHARED_FIELDS = (
     "guidance_scale",
     "sde_type",
     "model_kwargs",
+    "ode_solver",
+    "ode_solver_order",
+    "ode_post_window_ratio",
 )
 
 
@@ -57,7 +63,8 @@ class SamplingSpec:
         height (int): image height in pixels, a multiple of the model's ``latent_multiple``. Default 512.
         width (int): image width in pixels, a multiple of the model's ``latent_multiple``. Default 512.
         noise_level (float): SDE noise level a inside the window; 0 samples the ODE and records nothing. Default 0.7.
-        sde_type (str): ``"sde"`` or ``"cps"``. Default ``"sde"``.
+        sde_type (str): the stochastic step, one of ``flow_match_sde.SDE_TYPES`` (``"sde"``, ``"cps"`` of Flow-GRPO,
+            ``"dance"`` of DanceGRPO). Default ``"sde"``.
         true_cfg_scale (float): CFG scale with a negative prompt (``"true_cfg"``/``"cfg"`` models); <= 1 is off.
             Default 1.0 (a config's null resolves to the model's ``default_true_cfg_scale``).
         model_kwargs (dict): model-specific settings, the keys of the adapter's ``sampling_keys`` (BAGEL:
@@ -65,7 +72,22 @@ class SamplingSpec:
         guidance_scale (float | None): the guidance embedding of a ``"distilled"`` model; None for the others.
         sde_window_size (int): W, stochastic (recorded) steps per sample, 1 <= W <= T. Default 2.
         sde_window_range (tuple[int, int] | None): ``(r0, r1)``, the steps a window may cover; None is ``(0, T)``.
+        same_initial_noise (bool): every sample of a prompt group starts from the same initial noise (DanceGRPO's
+            ``init_same_noise``): the request carries ``initial_noise_seeds``, the group's first seed for each
+            sample; the SDE noise stays per sample. Default False.
+        sde_window_schedule (str): where a sample's window lies: ``"random"`` (Flow-GRPO: seeded per sample in
+            ``[r0, r1 − W]``) or ``"progressive"`` (MixGRPO: the same window for every sample, sliding with
+            ``global_step``, ``mix_ode.progressive_window_start``). Default ``"random"``.
+        sde_window_stride (int): ``"progressive"``: steps the window moves per shift; 0 keeps it at r0. Default 1.
+        sde_window_shift_every (int): ``"progressive"``: training steps between two shifts. Default 25.
+        ode_solver (str): the ODE after the window: ``"euler"`` or ``"dpmsolver++"`` (MixGRPO-Flash). Steps before
+            and between windows are always Euler. Default ``"euler"``.
+        ode_solver_order (int): order of ``"dpmsolver++"``, 1 or 2. Default 2.
+        ode_post_window_ratio (float): share of the steps after the window that the ODE takes (MixGRPO-Flash's
+            compression, ``mix_ode.post_window_indices``); 1 keeps every step. Default 1.0.
         seeds (tuple[int, ...]): one seed per sample of a request (empty in the config and the replay).
+        initial_noise_seeds (tuple[int, ...]): per sample, the seed of its initial noise; empty: its own seed.
+        global_step (int): the trainer step a request samples for (the progressive window); 0 in the config.
     """
 
     num_inference_steps: int = 10
@@ -78,13 +100,23 @@ class SamplingSpec:
     guidance_scale: float | None = None
     sde_window_size: int = 2
     sde_window_range: tuple[int, int] | None = None
+    same_initial_noise: bool = False
+    sde_window_schedule: str = "random"
+    sde_window_stride: int = 1
+    sde_window_shift_every: int = 25
+    ode_solver: str = "euler"
+    ode_solver_order: int = 2
+    ode_post_window_ratio: float = 1.0
     seeds: tuple[int, ...] = ()
+    initial_noise_seeds: tuple[int, ...] = ()
+    global_step: int = 0
 
     def __post_init__(self):
         # normalize containers (YAML lists, OmegaConf nodes, numpy ints) so that equal specs compare equal
         if self.sde_window_range is not None:
             object.__setattr__(self, "sde_window_range", tuple(int(v) for v in self.sde_window_range))
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        object.__setattr__(self, "initial_noise_seeds", tuple(int(s) for s in self.initial_noise_seeds))
         if not isinstance(self.model_kwargs, Mapping):
             raise ValueError(f"model_kwargs must be a mapping, got {type(self.model_kwargs).__name__}")
         object.__setattr__(self, "model_kwargs", dict(self.model_kwargs))
@@ -125,6 +157,36 @@ class SamplingSpec:
                     f"sde_window_range={list(self.sde_window_range)} is shorter than "
                     f"sde_window_size={self.sde_window_size}"
                 )
+        self._check_window_schedule()
+        self._check_ode()
+
+    def _check_window_schedule(self) -> None:
+        if self.sde_window_schedule not in WINDOW_SCHEDULES:
+            raise ValueError(f"sde_window_schedule must be one of {WINDOW_SCHEDULES}, got {self.sde_window_schedule!r}")
+        if not isinstance(self.sde_window_stride, int) or self.sde_window_stride < 0:
+            raise ValueError(f"sde_window_stride must be an integer >= 0, got {self.sde_window_stride!r}")
+        if not isinstance(self.sde_window_shift_every, int) or self.sde_window_shift_every < 1:
+            raise ValueError(f"sde_window_shift_every must be an integer >= 1, got {self.sde_window_shift_every!r}")
+        if not isinstance(self.global_step, int) or self.global_step < 0:
+            raise ValueError(f"global_step must be an integer >= 0, got {self.global_step!r}")
+        if self.initial_noise_seeds and len(self.initial_noise_seeds) != len(self.seeds):
+            raise ValueError(
+                f"initial_noise_seeds has {len(self.initial_noise_seeds)} seeds for {len(self.seeds)} samples"
+            )
+
+    def _check_ode(self) -> None:
+        if self.ode_solver not in ODE_SOLVERS:
+            raise ValueError(f"ode_solver must be one of {ODE_SOLVERS}, got {self.ode_solver!r}")
+        if self.ode_solver_order not in ODE_SOLVER_ORDERS:
+            raise ValueError(f"ode_solver_order must be one of {ODE_SOLVER_ORDERS}, got {self.ode_solver_order!r}")
+        if not 0 < self.ode_post_window_ratio <= 1:
+            raise ValueError(f"ode_post_window_ratio must be in (0, 1], got {self.ode_post_window_ratio}")
+        if self.changes_post_window_ode and self.sde_window_schedule != "progressive":
+            raise ValueError(
+                f"ode_solver={self.ode_solver!r}, ode_post_window_ratio={self.ode_post_window_ratio}: the ODE after the "
+                "window changes the steps every sample of a transformer batch takes, so every sample needs the same "
+                "window; allowed: sde_window_schedule='progressive' (or ode_solver='euler' with ratio 1.0)"
+            )
 
     # ---- derived ---------------------------------------------------------------------------------
 
@@ -132,6 +194,11 @@ class SamplingSpec:
     def uses_cfg(self) -> bool:
         """Whether a negative prompt is sampled (and recorded, and replayed)."""
         return self.true_cfg_scale > 1.0
+
+    @property
+    def changes_post_window_ode(self) -> bool:
+        """Whether the steps after the window differ from the plain Euler ODE on the full schedule (Flash)."""
+        return self.ode_solver != "euler" or self.ode_post_window_ratio < 1.0
 
     @property
     def window_range(self) -> tuple[int, int]:
@@ -210,6 +277,7 @@ class SamplingSpec:
         """Plain Python values (lists for tuples): what travels in a request or a ``DataProto.meta_info``."""
         out = asdict(self)
         out["seeds"] = list(self.seeds)
+        out["initial_noise_seeds"] = list(self.initial_noise_seeds)
         if self.sde_window_range is not None:
             out["sde_window_range"] = list(self.sde_window_range)
         return out
@@ -220,8 +288,8 @@ class SamplingSpec:
         return spec.to_dict()
 
     def replay(self) -> SamplingSpec:
-        """The spec the actor replays with: per-request seeds dropped, the trained steps stochastic."""
-        return replace(self, seeds=()).require_stochastic()
+        """The spec the actor replays with: per-request fields dropped, the trained steps stochastic."""
+        return replace(self, seeds=(), initial_noise_seeds=(), global_step=0).require_stochastic()
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | SamplingSpec) -> SamplingSpec:

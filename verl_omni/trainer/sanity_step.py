@@ -114,7 +114,7 @@ def sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds: list[int
     img_shapes = adapter.img_shapes(len(seeds), lat_hw, lat_hw)
     adapter.set_timesteps(scheduler, args.steps, latents.shape[1])
     recorder.set_schedule(schedule_sigmas(scheduler), scheduler.timesteps)
-    for t in scheduler.timesteps:
+    for t in recorder.loop_timesteps:
         v = adapter.predict_velocity(
             pipe.transformer, latents, t.expand(len(seeds)), prompt, img_shapes, negative, args.cfg
         )

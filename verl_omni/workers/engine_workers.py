@@ -1,4 +1,4 @@
-"""``DiffusionActorWorker``: the single-controller worker of the Flow-GRPO actor (and its reference).
+"""``DiffusionActorWorker``: the single-controller worker of the actor (and its reference), for any algorithm.
 
 It subclasses verl's ``TrainingWorker``, which already builds the engine from the registry
 (``model_type="diffusion_model"`` → ``DiffusersFSDPEngine``), sets up profiling and dispatch and
@@ -27,11 +27,15 @@ from verl.workers.engine_workers import TrainingWorker
 
 import verl_omni.workers.engine.fsdp.diffusers_impl  # noqa: F401  (registers DiffusersFSDPEngine)
 from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.trainer.algorithms import AlgorithmConfig
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
 
 logger = logging.getLogger(__name__)
+
+# which of the old policy's replay outputs ``compute_log_prob`` returns (the algorithm's ``Phases.old_outputs``)
+OLD_OUTPUTS_KEY = "old_outputs"
 
 
 def _init_cpu_process_group() -> None:
@@ -48,25 +52,29 @@ def _sampling_spec(data: DataProto) -> SamplingSpec:
 
 
 class DiffusionActorWorker(TrainingWorker):
-    """Actor + reference of Flow-GRPO on a ``DiffusersFSDPEngine`` (one Ray actor per rank)."""
+    """Actor + reference on a ``DiffusersFSDPEngine`` (one Ray actor per rank); the loss is the algorithm's."""
 
-    def __init__(self, config, actor_config: DiffusionActorConfig):
+    def __init__(self, config, actor_config: DiffusionActorConfig, algorithm_config: AlgorithmConfig | None = None):
+        """``algorithm_config``: the run's ``algorithm`` node (None: the default algorithm)."""
         _init_cpu_process_group()
         super().__init__(config)
         self.actor_config = actor_config
+        self.algorithm_config = algorithm_config
         self.actor: DiffusionActor | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         """Build the sharded model, optimizer and schedule on every rank."""
         self.engine.initialize()
-        self.actor = DiffusionActor(self.engine, self.actor_config)
+        self.actor = DiffusionActor(self.engine, self.actor_config, self.algorithm_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` ``[B, W]`` of the recorded transitions."""
-        log_probs = self.actor.compute_log_prob(data.batch, _sampling_spec(data))
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs})
+        """The old policy's replay outputs named in ``meta_info["old_outputs"]`` (default ``["log_probs"]``), each
+        as ``old_<name>`` (``old_log_probs`` ``[B, W]``, ``old_prev_sample_mean`` ``[B, W, N, C]``)."""
+        out = self.actor.infer(data.batch, _sampling_spec(data))
+        names = data.meta_info.get(OLD_OUTPUTS_KEY, ["log_probs"])
+        return DataProto.from_dict(tensors={f"old_{name}": out[name] for name in names})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -76,7 +84,7 @@ class DiffusionActorWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_actor(self, data: DataProto) -> DataProto:
-        """One Flow-GRPO update; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
+        """One update with the algorithm's loss; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
         being reduced over ranks in the actor already)."""
         metrics = self.actor.update_policy(data.batch, _sampling_spec(data))
         return DataProto(meta_info={"metrics": metrics})

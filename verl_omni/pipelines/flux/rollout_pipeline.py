@@ -21,6 +21,7 @@ from vllm_omni.diffusion.models.flux.pipeline_flux import FluxPipeline
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
 from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
 # T5 tokens per prompt, the stock pipeline's default
 MAX_SEQUENCE_LENGTH = 512
@@ -58,6 +59,7 @@ class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
         guidance = None
         if self.transformer.guidance_embeds:
             guidance = torch.full([latents.shape[0]], float(spec.guidance_scale), dtype=torch.float32)
+        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
         with recorder.recording(self):
             latents = self.diffuse(
                 cond["prompt_embeds"],
@@ -68,7 +70,7 @@ class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
                 image_ids,
                 text_ids,
                 None,
-                timesteps,
+                recorder.loop_timesteps,
                 False,
                 guidance,
                 1.0,

@@ -169,7 +169,7 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
 
         # 3. Denoise: stock CFG prediction, the recorder's step.
-        latents = self._denoise(recorder, latents, timesteps, cond, settings)
+        latents = self._denoise(recorder, latents, recorder.loop_timesteps, cond, settings)
         self._current_timestep = None
 
         # 4. Decode and split per request.

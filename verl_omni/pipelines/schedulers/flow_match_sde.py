@@ -13,6 +13,10 @@ Math (DESIGN.md §2), sigmas in (0, 1], σ = 1 is pure noise, step σ → σ', �
   log p = mean over non-batch dims of the Gaussian log-density of x' under N(μ, s²(−Δt)).
 * ``cps``: s = σ'·sin(aπ/2); x̂0 = x − σv; x̂1 = x + (1 − σ)v; μ = (1 − σ')x̂0 + sqrt(σ'² − s²)·x̂1;
   x' = μ + s·ε; log p = −mean (x' − μ)² (no normalizer, as in the Flow-GRPO reference code).
+* ``dance`` (DanceGRPO, docs/algorithms.md "DanceGRPO", (D1)-(D3)): the rectified-flow SDE with a constant diffusion
+  coefficient a (the paper's η): x̂0 = x − σv, score ≈ −(x − (1 − σ)x̂0)/σ² = −(x + (1 − σ)v)/σ,
+  μ = x + Δt·(v − ½a²·score) = x·(1 + a²Δt/(2σ)) + v·Δt·(1 + a²(1 − σ)/(2σ)); x' = μ + a·sqrt(−Δt)·ε;
+  log p as for ``sde`` with std a·sqrt(−Δt). (The mean of ``sde`` with a constant s = a.)
 
 A noise level of 0 gives the deterministic Euler (ODE) step for both types; its log-prob is
 undefined and returned as NaN so that any use of it is visible.
@@ -27,12 +31,13 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-SDE_TYPES = ("sde", "cps")
+SDE_TYPES = ("sde", "cps", "dance")
 # the largest meaningful noise level a of each type. ``sde``: on the first step (σ = 1, σ_1 in the
 # denominator) the mean's coefficient of x is 1 − a²/2, negative above a = sqrt(2) (the mean flips
 # the latent's sign and the step's std, ~a, dwarfs the unit-variance latent). ``cps``: s = σ'·sin(aπ/2)
 # grows up to a = 1 (the whole σ' is noise); above 1 it shrinks again (a and 2 − a are the same kernel).
-MAX_NOISE_LEVEL = {"sde": math.sqrt(2.0), "cps": 1.0}
+# ``dance``: its mean's coefficient of x is 1 + a²Δt/(2σ), which is 1 − a²/2 on the last step (σ' = 0).
+MAX_NOISE_LEVEL = {"sde": math.sqrt(2.0), "cps": 1.0, "dance": math.sqrt(2.0)}
 
 
 class SDEStepOutput(NamedTuple):
@@ -42,7 +47,8 @@ class SDEStepOutput(NamedTuple):
         prev_sample (`torch.Tensor`, same shape as ``sample``): x', fp32.
         log_prob (`torch.Tensor`, shape ``[B]``): per-sample log p(x' | x), NaN where the noise level is 0.
         prev_sample_mean (`torch.Tensor`, same shape as ``sample``): μ, fp32.
-        std_dev_t (`torch.Tensor`, shape ``[B, 1, ...]``): s, broadcastable to ``sample``.
+        std_dev_t (`torch.Tensor`, shape ``[B, 1, ...]``): s, broadcastable to ``sample`` (``sde``: the diffusion
+            coefficient, the step's std is s·sqrt(−Δt); ``cps``: the step's std; ``dance``: a, std a·sqrt(−Δt)).
     """
 
     prev_sample: torch.Tensor
@@ -111,7 +117,7 @@ def sde_step_with_logprob(
         noise_level (`float` or `torch.Tensor` ``[B]``, defaults to 0.7): a >= 0 per sample; 0 is the ODE step.
         prev_sample (`torch.Tensor`, *optional*): a given x' (replay); sampled when ``None``.
         generator (`torch.Generator` or list of one per sample, *optional*): noise source when sampling.
-        sde_type (`str`, defaults to ``"sde"``): ``"sde"`` or ``"cps"``.
+        sde_type (`str`, defaults to ``"sde"``): one of :data:`SDE_TYPES`.
 
     Returns:
         :class:`SDEStepOutput` (a tuple ``(prev_sample, log_prob, prev_sample_mean, std_dev_t)``); fp32.
@@ -181,6 +187,12 @@ def sde_transition(
         std_dev_t = torch.sqrt(sigma / denom) * a
         mean = x * (1 + std_dev_t**2 / (2 * sigma) * dt) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
         noise_scale = std_dev_t * torch.sqrt(-dt)
+    elif sde_type == "dance":
+        # DanceGRPO's mean x + Δt·(v − ½a²·score) with the score's x̂0 substituted: the authors' form subtracts
+        # two O(1) terms to get an O(σ) one and divides by σ², which costs fp32 digits as σ → 0
+        std_dev_t = a
+        mean = x * (1 + a**2 * dt / (2 * sigma)) + v * (1 + a**2 * (1 - sigma) / (2 * sigma)) * dt
+        noise_scale = a * torch.sqrt(-dt)
     else:
         std_dev_t = sigma_next * torch.sin(a * math.pi / 2)
         x0_hat = x - sigma * v
@@ -202,7 +214,7 @@ def sde_transition(
     # (a safe scale where a == 0 keeps NaN out of gradients of the other samples)
     deterministic = (a == 0).expand(x.shape[0], *a.shape[1:])
     diff_sq = (prev_sample.detach() - mean) ** 2
-    if sde_type == "sde":
+    if sde_type in ("sde", "dance"):
         scale = torch.where(deterministic, torch.ones_like(noise_scale), noise_scale)
         log_prob = -diff_sq / (2 * scale**2) - torch.log(scale) - 0.5 * math.log(2 * math.pi)
     else:

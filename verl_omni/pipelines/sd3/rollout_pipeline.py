@@ -20,6 +20,7 @@ from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
 from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
 # T5 tokens per prompt, the stock pipeline's default
 MAX_SEQUENCE_LENGTH = 256
@@ -53,10 +54,11 @@ class SD3LogProbPipeline(DiffusersRolloutMixin, StableDiffusion3Pipeline):
         timesteps, _ = self.prepare_timesteps(spec.num_inference_steps, None, image_seq_len)
         self._num_timesteps, self._guidance_scale = len(timesteps), spec.true_cfg_scale
         self._current_timestep, self._interrupt = None, False
+        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
         with recorder.recording(self):
             latents = self.diffuse(
                 latents=latents,
-                timesteps=timesteps,
+                timesteps=recorder.loop_timesteps,
                 prompt_embeds=cond["prompt_embeds"],
                 pooled_prompt_embeds=cond["pooled_prompt_embeds"],
                 negative_prompt_embeds=cond.get("negative_prompt_embeds"),

@@ -111,7 +111,7 @@ class ZImageLogProbPipeline(DiffusersRolloutMixin, ZImagePipeline):
         timesteps, _ = retrieve_timesteps(self.scheduler, spec.num_inference_steps, device, mu=mu)
         recorder.set_schedule(schedule_sigmas(self.scheduler, device), timesteps)
         normalization = float(spec.model_kwargs.get("cfg_normalization", DEFAULT_CFG_NORMALIZATION))
-        for t in timesteps:
+        for t in recorder.loop_timesteps:
             model_time = ((1000 - t) / 1000).expand(latents.shape[0]).float()
             scales = cfg_scales(spec, model_time[:1]) * latents.shape[0]
             velocity = guided_velocity(

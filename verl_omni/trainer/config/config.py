@@ -1,4 +1,5 @@
-"""Dataclasses of the ``trainer`` and ``algorithm`` nodes of ``flowgrpo_trainer.yaml``.
+"""Dataclass of the ``trainer`` node of ``flowgrpo_trainer.yaml`` (the ``algorithm`` node's dataclass is
+the chosen algorithm's, :mod:`verl_omni.trainer.algorithms`).
 
 The ``trainer`` keys keep verl's ``ppo_trainer.yaml`` names and meaning (the checkpoint and
 resume code of verl's v1 trainer reads them); the diffusion-specific ones are documented here.
@@ -12,34 +13,6 @@ from verl.base_config import BaseConfig
 
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
-
-
-@dataclass
-class FlowGRPOAlgoConfig(BaseConfig):
-    """The advantage estimator (``algorithm``).
-
-    Args:
-        adv_estimator (str): name in the advantage registry (``flow_grpo``).
-        global_std (bool): normalize by the std over the whole batch (True) or per prompt group.
-        epsilon (float): added to the std, so zero-variance groups get advantage 0.
-        adv_clip_max (float): advantages are clipped to ±adv_clip_max.
-    """
-
-    adv_estimator: str = "flow_grpo"
-    global_std: bool = True
-    epsilon: float = 1e-4
-    adv_clip_max: float = 5.0
-
-    def __post_init__(self):
-        from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
-
-        try:
-            get_adv_estimator_fn(self.adv_estimator)
-        except (KeyError, ValueError) as e:
-            raise ValueError(f"algorithm.adv_estimator: {e}") from None
-        for key in ("epsilon", "adv_clip_max"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
 
 
 @dataclass

@@ -5,7 +5,7 @@ imports verl, whose package imports torch, tensordict and Ray (about 15-20 s on 
 This module imports only the standard library, OmegaConf and pyarrow, and checks first:
 
 * every key against the composed default tree (``_generated_flowgrpo_trainer.yaml``, the mirror of
-  the dataclasses): a key the tree does not have is refused with the valid keys, close matches
+  the dataclasses; the ``algorithm`` node from the chosen algorithm's ``algorithm/<name>.yaml``): a key the tree does not have is refused with the valid keys, close matches
   first; a value whose default is a bool, an int or a float must be one (``trainer.save_freq=abc``
   is refused naming the key); no value may be NaN;
 * the model directory: ``model_index.json`` or ``config.json``, every component's JSON config,
@@ -33,6 +33,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 logger = logging.getLogger(__name__)
 
 DEFAULTS_FILE = Path(__file__).resolve().parent / "_generated_flowgrpo_trainer.yaml"
+# the Hydra group ``algorithm=<name>``: one node file per algorithm
+ALGORITHM_DIR = Path(__file__).resolve().parent / "algorithm"
 # nodes whose keys are passed through to a callee (``ray.init`` keyword arguments), not a dataclass
 FREE_FORM_NODES = ("ray_kwargs.ray_init",)
 # seconds an endpoint may take to answer the preflight request
@@ -43,7 +45,7 @@ MAX_SAFETENSORS_HEADER = 100_000_000
 
 def check_config(config: DictConfig) -> None:
     """Keys and scalar types of ``config`` against the composed default tree (before ``builtin://`` paths are built)."""
-    check_keys_and_types(config, load_defaults())
+    check_keys_and_types(config, with_algorithm_node(load_defaults(), config))
 
 
 def check_resources(config: DictConfig) -> None:
@@ -60,6 +62,21 @@ def check_resources(config: DictConfig) -> None:
 def load_defaults() -> DictConfig:
     """The composed default tree (interpolations unresolved), kept in sync with the YAML tree by a test."""
     return OmegaConf.load(DEFAULTS_FILE)
+
+
+def with_algorithm_node(defaults: DictConfig, config: DictConfig) -> DictConfig:
+    """The default tree with the ``algorithm`` node of the run's algorithm (``algorithm/<name>.yaml``).
+
+    The generated tree holds the default algorithm's node; another algorithm (``algorithm=<name>``) has keys of
+    its own. An algorithm without a YAML here (installed from another package) is checked by its dataclass.
+    """
+    name = OmegaConf.select(config, "algorithm.name", default=None)
+    if name is None or name == OmegaConf.select(defaults, "algorithm.name", default=None):
+        return defaults
+    defaults = defaults.copy()
+    node_file = ALGORITHM_DIR / f"{name}.yaml"
+    defaults.algorithm = OmegaConf.load(node_file) if node_file.is_file() else {}
+    return defaults
 
 
 def check_keys_and_types(config: DictConfig, defaults: DictConfig) -> None:

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
-from verl_omni.trainer.config.config import FlowGRPOAlgoConfig, FlowGRPOTrainerConfig
+from verl_omni.trainer.algorithms import (
+    Algorithm,
+    AlgorithmConfig,
+    algorithm_config_from,
+    check_model_supports,
+    get_algorithm,
+)
+from verl_omni.trainer.config.config import FlowGRPOTrainerConfig
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.model import DiffusionModelConfig
 from verl_omni.workers.config.reward import DiffusionRewardConfig
@@ -30,8 +37,13 @@ class FlowGRPOConfigs:
     model: DiffusionModelConfig
     rollout: DiffusionRolloutConfig
     reward: DiffusionRewardConfig
-    algorithm: FlowGRPOAlgoConfig
+    algorithm: AlgorithmConfig
     trainer: FlowGRPOTrainerConfig
+
+    @property
+    def algorithm_cls(self) -> type[Algorithm]:
+        """The registered algorithm ``algorithm.name`` names."""
+        return get_algorithm(self.algorithm.name)
 
     @property
     def dp_size(self) -> int:
@@ -79,12 +91,7 @@ def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
 
 
 def _check_phases(configs: FlowGRPOConfigs) -> None:
-    from verl_omni.trainer.flowgrpo.core_algos import get_policy_loss_fn
-
-    try:
-        get_policy_loss_fn(configs.actor.policy_loss)
-    except ValueError as e:
-        raise ValueError(f"actor_rollout_ref.actor.policy_loss: {e}") from None
+    configs.algorithm_cls.check(configs)
     if configs.actor.kl_beta > 0 and configs.model.lora.rank == 0:
         raise ValueError(
             "actor_rollout_ref.actor.kl_beta > 0 needs a LoRA (actor_rollout_ref.model.lora.rank > 0): "
@@ -97,6 +104,7 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
 def _check_model(configs: FlowGRPOConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
+    check_model_supports(configs.algorithm_cls, adapter, configs.model.path)
     # the sampling spec refuses what the model cannot honour (size multiple, guidance style, model_kwargs)
     for validate in (False, True):
         configs.rollout.sampling_spec(validate, adapter, f"actor_rollout_ref.model.path={configs.model.path}")
@@ -129,7 +137,7 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     """Build and cross-check every node; raises ``ValueError`` naming the key at the first problem."""
     configs = FlowGRPOConfigs(
         trainer=_node(config, "trainer"),
-        algorithm=_node(config, "algorithm"),
+        algorithm=algorithm_config_from(OmegaConf.select(config, "algorithm")),
         model=_node(config, "actor_rollout_ref.model"),
         actor=_node(config, "actor_rollout_ref.actor"),
         rollout=_node(config, "actor_rollout_ref.rollout"),

@@ -1,4 +1,4 @@
-"""``RayFlowGRPOTrainer``: the Flow-GRPO step loop on verl's single controller.
+"""``RayFlowGRPOTrainer``: the step loop on verl's single controller, for every algorithm (``algorithm=<name>``).
 
 It extends verl's v1 ``PPOTrainer`` (``verl/trainer/ppo/v1/trainer_base.py``) and keeps its
 shape: ``init`` → ``_setup`` + ``on_init_end``; ``fit`` runs steps; a step is a column of
@@ -6,13 +6,12 @@ phases, each one timer around one method taking ``(batch, metrics)``; mode diffe
 (colocated sleep/wake) live in the ``on_*`` hooks. It keeps verl's checkpoint layout
 (``global_step_<N>/actor`` + ``data.pt`` + ``latest_checkpointed_iteration.txt``) and
 ``Tracking``, but writes and resumes checkpoints through :mod:`run_dir` (written under a temporary
-name and renamed when complete; resumed only from a complete one; the directory locked). It overrides the data path: verl's v1 loop moves token sequences through
-TransferQueue with nested response tensors, while a diffusion batch is a plain ``DataProto`` of
-images, latents and prompt embeddings (``docs/trainer.md``, batch flow).
-
-Processes: the trainer (this, in the driver), the actor worker group (``DiffusionActorWorker``,
-one Ray actor per rank, FSDP2), the vLLM-Omni rollout replicas with their load balancer and
-agent-loop workers, and the reward loop workers.
+name and renamed when complete; resumed only from a complete one; the directory locked). It
+overrides the data path: verl's v1 loop moves token sequences through TransferQueue with nested
+response tensors, while a diffusion batch is a plain ``DataProto`` of images, latents and prompt
+embeddings (``docs/trainer.md``, batch flow). Processes: the trainer (this, in the driver), the
+actor worker group (``DiffusionActorWorker``, one Ray actor per rank, FSDP2), the vLLM-Omni rollout
+replicas with their load balancer and agent-loop workers, and the reward loop workers.
 """
 
 from __future__ import annotations
@@ -40,11 +39,10 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.trainer.config.validation import FlowGRPOConfigs
-from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn
 from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
 from verl_omni.utils.image_grid import save_grid
-from verl_omni.workers.utils.replay import TRAJECTORY_KEYS
+from verl_omni.workers.utils.replay import get_replay
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -73,13 +71,18 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.checkpoint_callback = build_checkpoint_callback(config)
         self.trainer_mode = "sync"
         self.use_critic = False
-        self.use_reference_policy = configs.actor.kl_beta > 0
-        self.recompute_old_log_prob = not configs.actor.use_rollout_log_probs
+        # the algorithm's declarations decide the optional phases and what the actor is sent (docs/algorithms.md)
+        self.algorithm = configs.algorithm_cls
+        phases = self.algorithm.phases(configs.algorithm, configs.actor)
+        self.use_reference_policy, self.recompute_old_log_prob = phases.reference, phases.old_log_prob
+        self.old_outputs = list(phases.old_outputs)
+        self.loss_keys = self.algorithm.build_loss(configs.actor, configs.algorithm).required_keys
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
-        # what the actor replays (docs/actor.md, batch format): the trajectory and the model's conditioning
+        # what the actor replays (docs/actor.md, batch format): the recorded trajectory and the model's conditioning
         uses_cfg = configs.rollout.sampling_spec(adapter=configs.model.adapter).uses_cfg
-        self.replay_keys = TRAJECTORY_KEYS + configs.model.adapter.required_keys(uses_cfg)
+        trajectory = get_replay(self.algorithm.rollout_record).trajectory_keys
+        self.replay_keys = trajectory + configs.model.adapter.required_keys(uses_cfg)
         self.device = configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
@@ -184,7 +187,10 @@ class RayFlowGRPOTrainer(PPOTrainer):
             **colocate_count,
         )
         worker_cls = RayClassWithInitArgs(
-            cls=ray.remote(DiffusionActorWorker), config=worker_config, actor_config=actor
+            cls=ray.remote(DiffusionActorWorker),
+            config=worker_config,
+            actor_config=actor,
+            algorithm_config=self.configs.algorithm,
         )
         # verl's checkpoint code calls the actor's worker group ``actor_rollout_wg``
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, device_name=self.device)
@@ -237,10 +243,10 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.on_train_end()
 
     def step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
-        """One Flow-GRPO step on one batch of prompts; each phase is one timed method call."""
+        """One step on one batch of prompts; each phase is one timed method call, gated by the algorithm."""
         # 1. prompts → rollout.n interleaved rows per prompt, tagged with the prompt's uid
         batch = self._prompt_batch(batch_dict, self.n, validate=False)
-        # 2. sample images with the SDE window, recording latents and log-probs
+        # 2. sample images, recording what the algorithm needs (an SDE window's latents and log-probs)
         with self._phase("gen", timing_raw):
             self.on_sample_begin()
             batch = self._generate(batch, metrics)
@@ -249,7 +255,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
         if "rm_scores" not in batch.batch.keys():
             with self._phase("reward", timing_raw):
                 batch = self._compute_reward(batch, metrics)
-        # 4. log pi_old by the actor (else the rollout's log-probs are used)
+        # 4. the old policy's replay by the actor (else the rollout's log-probs are used)
         if self.recompute_old_log_prob:
             with self._phase("old_log_prob", timing_raw):
                 batch = self._compute_old_log_prob(batch, metrics)
@@ -257,10 +263,10 @@ class RayFlowGRPOTrainer(PPOTrainer):
         if self.use_reference_policy:
             with self._phase("ref", timing_raw):
                 batch = self._compute_ref_log_prob(batch, metrics)
-        # 6. group advantages from the registry
+        # 6. the algorithm's advantages
         with self._phase("adv", timing_raw):
             batch = self._compute_advantage(batch, metrics)
-        # 7. the clipped Flow-GRPO update of the LoRA
+        # 7. the algorithm's update of the LoRA
         with self._phase("update_actor", timing_raw):
             batch = self._update_actor(batch, metrics)
         # 8. the new LoRA to every rollout replica
@@ -309,10 +315,13 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch.union(scored)
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
-        old = self.actor_rollout_wg.compute_log_prob(self._actor_input(batch)).batch["old_log_probs"]
-        # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
-        metrics["old_log_prob/rollout_diff_max"] = (old - batch.batch["rollout_log_probs"]).abs().max().item()
-        batch.batch["old_log_probs"] = old
+        (request := self._actor_input(batch)).meta_info["old_outputs"] = self.old_outputs
+        old = self.actor_rollout_wg.compute_log_prob(request).batch
+        batch.batch.update(old)
+        if "rollout_log_probs" in batch.batch.keys():
+            # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
+            diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
+            metrics["old_log_prob/rollout_diff_max"] = diff
         return batch
 
     def _compute_ref_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
@@ -321,12 +330,9 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
-        algo = self.configs.algorithm
         scores = batch.batch["rm_scores"].float()
         uids = batch.non_tensor_batch["uid"]
-        batch.batch["advantages"] = get_adv_estimator_fn(algo.adv_estimator)(
-            scores, uids, global_std=algo.global_std, epsilon=algo.epsilon, adv_clip_max=algo.adv_clip_max
-        )
+        batch.batch["advantages"] = self.algorithm.compute_advantage(scores, uids, self.configs.algorithm)
         groups = scores.view(-1, self.n)
         metrics.update(
             {
@@ -342,13 +348,9 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        # log π_old: the actor's recomputed old_log_probs, or in bypass the rollout's own rollout_log_probs (the
-        # rollout sampled with the actor's current weights, synced every step)
-        old_key = self.configs.actor.old_log_prob_key
-        extra = (old_key, "advantages") + (("ref_prev_sample_mean",) if self.use_reference_policy else ())
-        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, extra))
-        # one value per rank, equal (the actor reduces over ranks already)
-        metrics.update(reduce_metrics(output.meta_info["metrics"]))
+        # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means)
+        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, self.loss_keys))
+        metrics.update(reduce_metrics(output.meta_info["metrics"]))  # per rank, equal (reduced over ranks)
         return batch
 
     def _sync_weights(self, metrics: dict) -> None:

@@ -1,9 +1,12 @@
-"""Flow-GRPO phases on a ``DiffusersFSDPEngine`` (cf. verl's ``DataParallelPPOActor``).
+"""The actor's phases on a ``DiffusersFSDPEngine`` (cf. verl's ``DataParallelPPOActor``), for any algorithm.
 
 ``compute_log_prob`` (old policy, no grad), ``compute_ref_prev_sample_mean`` (the same weights
 with the LoRA disabled) and ``update_policy`` (``ppo_epochs`` × mini-batches, one optimizer step
 per mini-batch, gradients accumulated over micro-batches × replayed steps inside the engine).
-Metrics are reduced over the data-parallel ranks, so every rank returns the same numbers.
+The loss and the rollout record are the algorithm's (``algorithm=<name>``); every metric the loss
+returns is reduced with the reduction it declares (``AlgorithmLoss.metric_reductions``, mean when
+not declared) over steps, mini-batches and the data-parallel ranks, so every rank returns the same
+numbers.
 """
 
 from __future__ import annotations
@@ -17,40 +20,50 @@ from tensordict import TensorDict
 from verl.utils.device import get_device_id
 
 from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.config.actor import DiffusionActorConfig
-from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, SAMPLING_SPEC_KEY
-from verl_omni.workers.utils.losses import make_policy_loss
+from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY, SAMPLING_SPEC_KEY
+from verl_omni.workers.utils.losses import default_algorithm_config
 
 logger = logging.getLogger(__name__)
 
-# metric -> how it is reduced over steps, mini-batches and ranks
-MEAN_METRICS = ("pg_loss", "kl_loss", "pg_clipfrac", "ppo_kl", "ratio_mean", "grad_norm")
-MAX_METRICS = ("ratio_max_abs_dev", "logprob_diff_max")
+# the actor's own metrics (the engine's), reduced like the loss's
+ENGINE_METRIC_REDUCTIONS = {"grad_norm": "mean"}
+# what the non-tensor part of a batch carries to the engine, copied onto every mini-batch
+NON_TENSOR_KEYS = (SAMPLING_SPEC_KEY, MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY)
 
 
 class DiffusionActor:
     """The actor's compute phases over one engine; ``data`` is a local (per-rank) TensorDict ``[B]``."""
 
-    def __init__(self, engine, config: DiffusionActorConfig):
+    def __init__(self, engine, config: DiffusionActorConfig, algorithm_config: AlgorithmConfig | None = None):
+        """``algorithm_config``: the run's ``algorithm`` node (None: the default algorithm with its defaults)."""
         config.validate(engine.get_data_parallel_size())
         self.engine = engine
         self.config = config
-        self.loss_fn = make_policy_loss(config)
+        algorithm_config = algorithm_config or default_algorithm_config()
+        algorithm = get_algorithm(algorithm_config.name)
+        self.loss_fn = algorithm.build_loss(config, algorithm_config)
+        self.rollout_record = algorithm.rollout_record
+        self.metric_reductions = {**ENGINE_METRIC_REDUCTIONS, **self.loss_fn.metric_reductions}
 
     def _prepare(self, data: TensorDict, spec: SamplingSpec) -> TensorDict:
         data = data.clone(recurse=False)
         data.set_non_tensor(SAMPLING_SPEC_KEY, spec)
         data.set_non_tensor(MICRO_BATCH_KEY, self.config.ppo_micro_batch_size_per_gpu)
+        data.set_non_tensor(ROLLOUT_RECORD_KEY, self.rollout_record)
         return data
 
     def infer(self, data: TensorDict, spec: SamplingSpec, reference: bool = False) -> dict[str, torch.Tensor]:
-        """Replay without grad: ``log_probs`` ``[B, W]`` and ``prev_sample_mean`` ``[B, W, N, C]`` (fp32).
+        """Replay without grad: the replay's outputs per recorded step, fp32 (an SDE window: ``log_probs``
+        ``[B, W]`` and ``prev_sample_mean`` ``[B, W, N, C]``).
 
         With ``reference=True`` the LoRA is disabled: the base model, i.e. the reference policy.
         """
         with self.engine.eval_mode(), self.engine.disable_adapter() if reference else nullcontext():
             out = self.engine.infer_batch(self._prepare(data, spec))
-        return {"log_probs": out["log_probs"], "prev_sample_mean": out["prev_sample_mean"]}
+        out.pop("metrics", None)
+        return out
 
     def compute_log_prob(self, data: TensorDict, spec: SamplingSpec) -> torch.Tensor:
         """log π_old of every recorded transition, ``[B, W]`` fp32."""
@@ -61,8 +74,7 @@ class DiffusionActor:
         return self.infer(data, spec, reference=True)["prev_sample_mean"]
 
     def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:
-        """One Flow-GRPO update on ``data`` (log π_old under ``config.old_log_prob_key``, ``advantages``);
-        returns ``actor/*`` metrics."""
+        """One update on ``data`` (carrying the loss's ``required_keys``); returns ``actor/*`` metrics."""
         local = self.config.ppo_mini_batch_size // self.engine.get_data_parallel_size()
         size = data.batch_size[0]
         if size % local:
@@ -76,11 +88,12 @@ class DiffusionActor:
                     out = self.engine.train_batch(mini_batch, self.loss_fn)
                     metrics = dict(out["metrics"])
                     if epoch > 0:
-                        metrics.pop("logprob_diff_max", None)
+                        for key in self.loss_fn.first_epoch_metrics:
+                            metrics.pop(key, None)
                     for key, values in metrics.items():
                         collected.setdefault(key, []).extend(values if isinstance(values, list) else [values])
         self.engine.lr_scheduler_step()
-        reduced = _reduce_over_ranks(collected)
+        reduced = _reduce_over_ranks(collected, self.metric_reductions)
         reduced["lr"] = lr
         return {f"actor/{key}": value for key, value in reduced.items()}
 
@@ -92,23 +105,27 @@ class DiffusionActor:
             order = torch.arange(size)
         for start in range(0, size, local):
             mini_batch = data[order[start : start + local]]
-            mini_batch.set_non_tensor(SAMPLING_SPEC_KEY, data.get_non_tensor(SAMPLING_SPEC_KEY))
-            mini_batch.set_non_tensor(MICRO_BATCH_KEY, data.get_non_tensor(MICRO_BATCH_KEY))
+            for key in NON_TENSOR_KEYS:
+                mini_batch.set_non_tensor(key, data.get_non_tensor(key))
             yield mini_batch
 
 
-def _reduce_over_ranks(collected: dict[str, list[float]]) -> dict[str, float]:
-    """Mean or max over every value of every rank (all ranks must have the same keys)."""
+def _reduce_over_ranks(collected: dict[str, list[float]], reductions: dict[str, str]) -> dict[str, float]:
+    """Each metric's values of every rank reduced as ``reductions`` declares (mean when it does not).
+
+    Every rank must report the same metric names (the collectives are positional).
+    """
     keys = sorted(collected)
-    unknown = [k for k in keys if k not in MEAN_METRICS + MAX_METRICS]
-    if unknown:
-        raise KeyError(f"no reduction declared for metrics {unknown}; add them to MEAN_METRICS or MAX_METRICS")
     device = get_device_id()
-    sums = torch.tensor([sum(collected[k]) for k in keys], dtype=torch.float64, device=device)
-    counts = torch.tensor([len(collected[k]) for k in keys], dtype=torch.float64, device=device)
-    maxes = torch.tensor([max(collected[k]) for k in keys], dtype=torch.float64, device=device)
+    values = [collected[k] for k in keys]
+    sums = torch.tensor([sum(v) for v in values], dtype=torch.float64, device=device)
+    counts = torch.tensor([len(v) for v in values], dtype=torch.float64, device=device)
+    maxes = torch.tensor([max(v) for v in values], dtype=torch.float64, device=device)
+    mins = torch.tensor([min(v) for v in values], dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(sums)
         dist.all_reduce(counts)
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-    return {k: float(maxes[i] if k in MAX_METRICS else sums[i] / counts[i]) for i, k in enumerate(keys)}
+        dist.all_reduce(mins, op=dist.ReduceOp.MIN)
+    by_reduction = {"mean": sums / counts, "sum": sums, "max": maxes, "min": mins}
+    return {k: float(by_reduction[reductions.get(k, "mean")][i]) for i, k in enumerate(keys)}

@@ -16,7 +16,7 @@ from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
 
 @dataclass
 class DiffusionActorConfig(BaseConfig):
-    """Mini-batching and loss of the Flow-GRPO update.
+    """Mini-batching and the loss settings shared by the algorithms' updates.
 
     Args:
         ppo_mini_batch_size (int): samples per optimizer step, over all data-parallel ranks.
@@ -24,8 +24,8 @@ class DiffusionActorConfig(BaseConfig):
             accumulate over micro-batches × replayed steps up to a mini-batch.
         ppo_epochs (int): passes over the batch per update.
         shuffle (bool): shuffle samples between epochs (seeded by ``seed`` and the epoch).
-        policy_loss (str): name in the policy-loss registry (``flow_grpo``).
-        clip_ratio (float): ε of the ratio clip (1e-4 with ``sde`` in Flow-GRPO).
+        clip_ratio (float): ε of the ratio clip of the clipped-ratio algorithms (1e-4 with ``sde`` in
+            Flow-GRPO); the loss itself is the algorithm's (``algorithm=<name>``, ``docs/algorithms.md``).
         kl_beta (float): β of the KL to the reference (LoRA disabled); 0 skips the reference.
         seed (int): shuffling seed.
         use_rollout_log_probs (bool): take log π_old from the rollout's ``rollout_log_probs``
@@ -42,7 +42,6 @@ class DiffusionActorConfig(BaseConfig):
     ppo_micro_batch_size_per_gpu: int = 1
     ppo_epochs: int = 1
     shuffle: bool = False
-    policy_loss: str = "flow_grpo"
     clip_ratio: float = 1e-4
     kl_beta: float = 0.0
     seed: int = 0

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.workers.config import RolloutConfig
 from verl.workers.config.rollout import AgentLoopConfig
 
-from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.sampling import REQUEST_FIELDS, SamplingSpec
 from verl_omni.workers.rollout.routing import RolloutServerRoutingConfig
 
 KEY = "actor_rollout_ref.rollout"
@@ -52,9 +52,17 @@ class DiffusionRolloutConfig(RolloutConfig):
             and (0, 1] for ``cps`` (``flow_match_sde.MAX_NOISE_LEVEL`` says why). Default 0.7.
         val_noise_level (float): noise level in validation, in the same range; 0 samples the deterministic
             ODE. Default 0.0.
-        sde_type (str): ``"sde"`` or ``"cps"``. Default ``"sde"``.
+        sde_type (str): the stochastic step: ``"sde"`` or ``"cps"`` (Flow-GRPO), ``"dance"`` (DanceGRPO). Default ``"sde"``.
         sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
         sde_window_range (list[int] | None): ``[r0, r1]``, the steps the window may cover; None is ``[0, T]``.
+        same_initial_noise (bool): the samples of a prompt group start from one initial noise (DanceGRPO). Default False.
+        sde_window_schedule (str): ``"random"`` (seeded per sample, Flow-GRPO) or ``"progressive"`` (one window for
+            all samples, sliding with the training step, MixGRPO). Default ``"random"``.
+        sde_window_stride (int): progressive window: steps it moves per shift; 0 keeps it at r0. Default 1.
+        sde_window_shift_every (int): progressive window: training steps between two shifts. Default 25.
+        ode_solver (str): the ODE after the window: ``"euler"`` or ``"dpmsolver++"`` (MixGRPO-Flash). Default ``"euler"``.
+        ode_solver_order (int): order of ``"dpmsolver++"`` (1 or 2). Default 2.
+        ode_post_window_ratio (float): share of the steps after the window the ODE takes, in (0, 1]. Default 1.0.
         model_kwargs (dict): model-specific sampling settings, sent with every request and replayed by the
             actor (``SamplingSpec.model_kwargs``); the keys the model adapter's ``sampling_keys`` names (BAGEL:
             ``timestep_shift``, ``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``).
@@ -82,6 +90,13 @@ class DiffusionRolloutConfig(RolloutConfig):
     sde_type: str = _SPEC.sde_type
     sde_window_size: int = _SPEC.sde_window_size
     sde_window_range: list[int] | None = None
+    same_initial_noise: bool = _SPEC.same_initial_noise
+    sde_window_schedule: str = _SPEC.sde_window_schedule
+    sde_window_stride: int = _SPEC.sde_window_stride
+    sde_window_shift_every: int = _SPEC.sde_window_shift_every
+    ode_solver: str = _SPEC.ode_solver
+    ode_solver_order: int = _SPEC.ode_solver_order
+    ode_post_window_ratio: float = _SPEC.ode_post_window_ratio
     model_kwargs: dict = field(default_factory=dict)
     enable_batched_diffusion: bool = True
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
@@ -122,7 +137,7 @@ class DiffusionRolloutConfig(RolloutConfig):
         """The :class:`SamplingSpec` of training (``validate=False``) or validation rollouts (``val_noise_level``):
         null guidance resolved to ``adapter``'s defaults and checked against its model when given. Errors name
         the full key."""
-        values = {f.name: getattr(self, f.name) for f in fields(SamplingSpec) if f.name != "seeds"}
+        values = {f.name: getattr(self, f.name) for f in fields(SamplingSpec) if f.name not in REQUEST_FIELDS}
         if validate:
             values["noise_level"] = self.val_noise_level
         try:

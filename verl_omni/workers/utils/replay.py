@@ -11,13 +11,22 @@ and the benchmark all call it, which is what makes their numbers comparable.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
+from verl_omni.pipelines.model_base import SDE_WINDOW
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.pipelines.schedulers.flow_match_sde import SDEStepOutput, sde_step_with_logprob
+from verl_omni.pipelines.schedulers.flow_match_sde import (
+    SDEStepOutput,
+    schedule_sigmas,
+    sde_step_with_logprob,
+    step_indices_for_timesteps,
+)
+from verl_omni.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -79,3 +88,74 @@ def replay_step(
     return sde_step_with_logprob(
         scheduler, velocity, t, x, spec.noise_level, prev_sample=x_next, sde_type=spec.sde_type
     )
+
+
+# ---- replays by rollout record ------------------------------------------------------------------
+
+
+class ReplayedSDEStep(NamedTuple):
+    """One replayed SDE transition: :class:`SDEStepOutput`'s fields and the step's Δt.
+
+    Args:
+        prev_sample, log_prob, prev_sample_mean, std_dev_t: as in :class:`SDEStepOutput` (fp32).
+        dt (`torch.Tensor`, ``[B]``): σ' − σ of each sample's step (< 0), fp32.
+    """
+
+    prev_sample: torch.Tensor
+    log_prob: torch.Tensor
+    prev_sample_mean: torch.Tensor
+    std_dev_t: torch.Tensor
+    dt: torch.Tensor
+
+
+class SDEWindowReplay:
+    """How the engine replays an ``SDE_WINDOW`` record: W recorded SDE transitions per sample.
+
+    The engine asks the replay of the algorithm's record (:data:`REPLAYS`) for everything
+    record-specific: the batch check, the scheduler set-up, the number of recorded steps, one step's
+    replay and what a forward-only pass returns per step. A record kind with another replay
+    (e.g. forward-noised clean samples) registers its own class under its record name.
+    """
+
+    trajectory_keys = TRAJECTORY_KEYS
+
+    @staticmethod
+    def check(batch: Mapping[str, torch.Tensor], spec: SamplingSpec, adapter) -> None:
+        check_replay_batch(batch, spec, adapter)
+
+    @staticmethod
+    def prepare(adapter, scheduler, spec: SamplingSpec, batch: Mapping[str, torch.Tensor]) -> None:
+        prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
+
+    @staticmethod
+    def num_steps(batch: Mapping[str, torch.Tensor]) -> int:
+        return num_replay_steps(batch)
+
+    @staticmethod
+    def step(adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1):
+        """:func:`replay_step` plus the step's Δt = σ' − σ ``[B]`` (losses that weigh steps by their size read it)."""
+        out = replay_step(adapter, module, scheduler, batch, step, spec, vae_scale_factor)
+        t = batch["all_timesteps"][:, step]
+        index = step_indices_for_timesteps(scheduler, t, t.shape[0])
+        sigmas = schedule_sigmas(scheduler, out.log_prob.device)
+        index = index.to(sigmas.device)
+        return ReplayedSDEStep(*out, dt=sigmas[index + 1] - sigmas[index])
+
+    @staticmethod
+    def outputs(replayed: ReplayedSDEStep) -> dict[str, torch.Tensor]:
+        """Per-step tensors of a forward-only pass, stacked by the engine to ``[B, W, ...]``."""
+        return {"log_probs": replayed.log_prob, "prev_sample_mean": replayed.prev_sample_mean}
+
+
+REPLAYS: Registry = Registry(
+    "replay",
+    check=inspect.isclass,
+    how_to_add="Register a replay class for the record with @register_replay('<record>') (docs/algorithms.md).",
+)
+register_replay = REPLAYS.register
+register_replay(SDE_WINDOW)(SDEWindowReplay)
+
+
+def get_replay(record: str):
+    """The replay class of rollout record ``record`` (e.g. ``sde_window``)."""
+    return REPLAYS.get(record)

@@ -119,13 +119,13 @@ def _schedule(model_path, image_seq_len):
     return scheduler
 
 
-def test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer(loop, engine, prompts, tiny_qwen_image_path):
+def _replay_max_diff(outs, model_path, sde_type="sde", noise=NOISE) -> float:
+    """Max |log π| gap between each recorded step and its replay by the diffusers transformer (the actor's step)."""
     from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds, QwenImageTrainingAdapter
     from verl_omni.pipelines.schedulers.flow_match_sde import sde_step_with_logprob
 
-    outs = generate(loop, engine, prompts, n=2, request_id="replay")
-    transformer = QwenImageTrainingAdapter.load_transformer(tiny_qwen_image_path, dtype=torch.float32).eval()
-    scheduler = _schedule(tiny_qwen_image_path, outs[0].extra_fields["all_latents"].shape[1])
+    transformer = QwenImageTrainingAdapter.load_transformer(model_path, dtype=torch.float32).eval()
+    scheduler = _schedule(model_path, outs[0].extra_fields["all_latents"].shape[1])
     latent_side = H // 4  # VAE scale factor 4 for the tiny model (two temporal-downsample entries)
     img_shapes = QwenImageTrainingAdapter.img_shapes(1, latent_side, latent_side)
 
@@ -134,7 +134,7 @@ def test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer(loop, en
         extra = out.extra_fields
         positive = PromptEmbeds(extra["prompt_embeds"][None], extra["prompt_embeds_mask"][None])
         negative = PromptEmbeds(extra["negative_prompt_embeds"][None], extra["negative_prompt_embeds_mask"][None])
-        for k in range(WINDOW):
+        for k in range(len(out.rollout_log_probs)):
             x = extra["all_latents"][k][None]
             t = extra["all_timesteps"][k][None]
             with torch.no_grad():
@@ -142,12 +142,48 @@ def test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer(loop, en
                     transformer, x, t, positive, img_shapes, negative=negative, true_cfg_scale=CFG
                 )
                 step = sde_step_with_logprob(
-                    scheduler, v, t, x, noise_level=NOISE, prev_sample=extra["all_latents"][k + 1][None]
+                    scheduler,
+                    v,
+                    t,
+                    x,
+                    noise_level=noise,
+                    prev_sample=extra["all_latents"][k + 1][None],
+                    sde_type=sde_type,
                 )
             max_diff = max(max_diff, float((step.log_prob[0] - out.rollout_log_probs[k]).abs()))
+    return max_diff
+
+
+def test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer(loop, engine, prompts, tiny_qwen_image_path):
+    outs = generate(loop, engine, prompts, n=2, request_id="replay")
+    max_diff = _replay_max_diff(outs, tiny_qwen_image_path)
     print(f"rollout vs diffusers replay: max |log_prob diff| = {max_diff:.3e}")
     # measured 1.2e-07 on CPU fp32; the issue allows 1e-4
     assert max_diff <= 1e-5
+
+
+def test_dance_grpo_and_mix_grpo_flash_samplers_on_the_engine(loop, engine, prompts, tiny_qwen_image_path):
+    # DanceGRPO: every step stochastic, one initial noise for the group
+    dance = {"sde_type": "dance", "noise_level": 0.3, "sde_window_size": STEPS, "seeds": [7, 8]}
+    outs = generate(loop, engine, prompts, n=2, request_id="dance", **dance, initial_noise_seeds=[7, 7])
+    first, second = (o.extra_fields["all_latents"] for o in outs)
+    assert torch.equal(first[0], second[0]) and not torch.equal(first[1], second[1])
+    assert not torch.equal(outs[0].diffusion_output, outs[1].diffusion_output)
+    dance_diff = _replay_max_diff(outs, tiny_qwen_image_path, "dance", 0.3)
+
+    # MixGRPO-Flash: the window [0, 2) of training step 1, then DPM-Solver++ on 1 step instead of 2
+    mix = {"sde_window_schedule": "progressive", "global_step": 1, "seeds": [7, 8]}
+    flash = generate(
+        loop, engine, prompts, n=2, request_id="flash", **mix, ode_solver="dpmsolver++", ode_post_window_ratio=0.5
+    )
+    plain = generate(loop, engine, prompts, n=2, request_id="mix", **mix)
+    for f, p in zip(flash, plain, strict=True):
+        assert f.extra_fields["window_start"] == 0 and torch.equal(f.rollout_log_probs, p.rollout_log_probs)
+        assert torch.equal(f.extra_fields["all_latents"], p.extra_fields["all_latents"])
+        assert not torch.equal(f.diffusion_output, p.diffusion_output)  # the post-window ODE differs
+    flash_diff = _replay_max_diff(flash, tiny_qwen_image_path)
+    print(f"rollout vs diffusers replay: dance {dance_diff:.3e}, MixGRPO-Flash {flash_diff:.3e}")
+    assert dance_diff <= 1e-5 and flash_diff <= 1e-5
 
 
 def _attention_lora(scale: float, num_layers: int = 2, inner_dim: int = 64, rank: int = 4):

@@ -11,9 +11,10 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   with diffusers' ``add_adapter`` (the model stays a diffusers-style model; no ``PeftModelForCausalLM``);
 * ``_build_fsdp_module``: FSDP2 ``fully_shard`` on the adapter's ``fsdp_wrap_blocks`` then the
   root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
-* ``forward_backward_batch``: micro-batches × recorded steps, one backward per (micro-batch,
+* ``forward_backward_batch``: micro-batches × replayed steps, one backward per (micro-batch,
   step) so that only one step's activations are alive, each weighted so the accumulated
-  gradient is that of the mean loss over all (sample, step) pairs of the mini-batch;
+  gradient is that of the mean loss over all (sample, step) pairs of the mini-batch; what a step
+  is comes from the replay of the algorithm's rollout record, which steps are trained from the loss;
 * checkpoints (LoRA in diffusers' ``load_lora_weights`` format + per-rank optimizer, LR
   schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy).
 """
@@ -31,21 +32,18 @@ from verl.utils.fsdp_utils import MixedPrecisionPolicy, apply_fsdp2
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.engine.fsdp import checkpoint
-from verl_omni.workers.utils.replay import (
-    check_replay_batch,
-    num_replay_steps,
-    prepare_scheduler,
-    replay_step,
-)
+from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 
 logger = logging.getLogger(__name__)
 
 # where the rollout's SamplingSpec travels: DataProto.meta_info and the TensorDict's non-tensor data
 SAMPLING_SPEC_KEY = "sampling_spec"
 MICRO_BATCH_KEY = "micro_batch_size_per_gpu"
+# which replay the batch needs: the rollout record of the run's algorithm (``sde_window`` when absent)
+ROLLOUT_RECORD_KEY = "rollout_record"
 
 
 def _dtype(name: str, key: str) -> torch.dtype:
@@ -171,59 +169,67 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     # ---- replay ---------------------------------------------------------------------------
 
-    def replay(self, micro_batch: TensorDict, step: int, spec: SamplingSpec):
-        """log π_θ, μ_θ, s of recorded step ``step`` for one micro-batch (see :func:`replay_step`)."""
-        return replay_step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
+    def replay(self, micro_batch: TensorDict, step: int, spec: SamplingSpec, replay=SDEWindowReplay):
+        """Recorded step ``step`` of one micro-batch replayed with the policy (``replay.step``; for an SDE
+        window: log π_θ, μ_θ, s, see :func:`~verl_omni.workers.utils.replay.replay_step`)."""
+        return replay.step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
 
     def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only=False) -> dict:
-        """Replay every recorded step of ``data`` in micro-batches; backward per (micro-batch, step) when training.
+        """Replay the recorded steps of ``data`` in micro-batches; backward per (micro-batch, step) when training.
 
-        ``loss_function(replayed, micro_batch, step) -> (loss, metrics)``. The loss of a
-        micro-batch of b samples at one step is weighted b / (B·W), so the accumulated gradient is
-        that of the mean over the B local samples × W steps (FSDP then averages over ranks).
+        The record kind (non-tensor ``rollout_record``, default ``sde_window``) picks the replay
+        (:data:`~verl_omni.workers.utils.replay.REPLAYS`); the loss picks the replayed steps
+        (``loss_function.replay_steps``, default all). ``loss_function(replayed, micro_batch, step) -> (loss,
+        metrics)``. The loss of a micro-batch of b samples at one step is weighted b / (B·S) for S replayed
+        steps, so the accumulated gradient is that of the mean over the B local samples × S steps (FSDP then
+        averages over ranks).
 
         Returns:
-            ``{"log_probs": [B, W], "prev_sample_mean": [B, W, N, C] (forward only), "metrics": {name: [values]}}``.
+            the replay's per-step outputs stacked to ``[B, S, ...]`` (an SDE window: ``log_probs`` ``[B, S]``,
+            ``prev_sample_mean`` ``[B, S, N, C]``) and ``"metrics": {name: [values]}``.
         """
         spec = data.get_non_tensor(SAMPLING_SPEC_KEY)
         if not isinstance(spec, SamplingSpec):
             raise KeyError(f"data must carry a SamplingSpec under non-tensor key {SAMPLING_SPEC_KEY!r}")
-        check_replay_batch(data, spec, self.adapter)
-        prepare_scheduler(self.adapter, self.scheduler, spec, data["all_latents"].shape[2])
-        size, steps = data.batch_size[0], num_replay_steps(data)
+        replay = get_replay(data.get_non_tensor(ROLLOUT_RECORD_KEY, default=SDE_WINDOW))
+        replay.check(data, spec, self.adapter)
+        replay.prepare(self.adapter, self.scheduler, spec, data)
+        steps = list(getattr(loss_function, "replay_steps", range)(replay.num_steps(data)))
+        size = data.batch_size[0]
         micro_batches = data.split(self._micro_batch_size(data))
         outputs, metrics = [], {}
         for i, micro_batch in enumerate(micro_batches):
-            weight = micro_batch.batch_size[0] / (size * steps)
+            weight = micro_batch.batch_size[0] / (size * len(steps))
             is_last = i == len(micro_batches) - 1
             outputs.append(
-                self._replay_micro_batch(micro_batch, spec, loss_function, forward_only, weight, is_last, metrics)
+                self._replay_micro_batch(
+                    micro_batch, spec, replay, steps, loss_function, forward_only, weight, is_last, metrics
+                )
             )
-        output = {"log_probs": torch.cat([o[0] for o in outputs]).cpu(), "metrics": metrics}
-        if forward_only:
-            output["prev_sample_mean"] = torch.cat([o[1] for o in outputs]).cpu()
+        output = {key: torch.cat([o[key] for o in outputs]).cpu() for key in outputs[0]}
+        output["metrics"] = metrics
         return output
 
-    def _replay_micro_batch(self, micro_batch, spec, loss_function, forward_only, weight, is_last, metrics):
-        """All W steps of one micro-batch: ``(log_probs [b, W], means [b, W, N, C] or None)``; backward per step."""
+    def _replay_micro_batch(
+        self, micro_batch, spec, replay, steps, loss_function, forward_only, weight, is_last, metrics
+    ):
+        """The replayed ``steps`` of one micro-batch: the replay's outputs stacked ``[b, S, ...]``; backward per step."""
         micro_batch = micro_batch.to(get_device_id())
-        steps = num_replay_steps(micro_batch)
-        log_probs, means = [], []
-        for step in range(steps):
-            last = is_last and step == steps - 1
+        per_step: dict[str, list[torch.Tensor]] = {}
+        for step in steps:
+            last = is_last and step == steps[-1]
             sync = nullcontext() if forward_only else self._gradient_sync_context(is_last_micro_batch=last)
             with torch.no_grad() if forward_only else nullcontext(), sync:
-                out = self.replay(micro_batch, step, spec)
+                out = self.replay(micro_batch, step, spec, replay)
                 if loss_function is not None:
                     loss, step_metrics = loss_function(out, micro_batch, step)
                     if not forward_only:
                         (loss * weight).backward()
                     for key, value in step_metrics.items():
                         metrics.setdefault(key, []).append(value)
-            log_probs.append(out.log_prob.detach())
-            if forward_only:
-                means.append(out.prev_sample_mean.detach())
-        return torch.stack(log_probs, dim=1), torch.stack(means, dim=1) if forward_only else None
+            for key, value in replay.outputs(out).items():
+                per_step.setdefault(key, []).append(value.detach())
+        return {key: torch.stack(values, dim=1) for key, values in per_step.items()}
 
     def _micro_batch_size(self, data: TensorDict) -> int:
         """Samples per forward: the batch's ``micro_batch_size_per_gpu`` (set by the actor), else the engine's."""

@@ -1,0 +1,38 @@
+"""RL algorithms as plug-ins: one module each, chosen with the Hydra group ``algorithm=<name>``.
+
+The contract is :mod:`verl_omni.trainer.algorithms.base`; ``docs/algorithms.md`` says how to add one.
+"""
+
+from verl_omni.pipelines.model_base import ODE_SAMPLES, ROLLOUT_RECORDS, SDE_WINDOW
+from verl_omni.trainer.algorithms.base import (
+    ALGORITHM_ENTRY_POINT_GROUP,
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    REDUCTIONS,
+    Algorithm,
+    AlgorithmConfig,
+    AlgorithmLoss,
+    Phases,
+    algorithm_config_from,
+    check_model_supports,
+    get_algorithm,
+    register_algorithm,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_ENTRY_POINT_GROUP",
+    "DEFAULT_ALGORITHM",
+    "ODE_SAMPLES",
+    "REDUCTIONS",
+    "ROLLOUT_RECORDS",
+    "SDE_WINDOW",
+    "Algorithm",
+    "AlgorithmConfig",
+    "AlgorithmLoss",
+    "Phases",
+    "algorithm_config_from",
+    "check_model_supports",
+    "get_algorithm",
+    "register_algorithm",
+]
