@@ -25,9 +25,12 @@ def tokenized_prompt(model_path, adapter, text: str) -> list[int]:
     return adapter.prompt_token_ids(tokenizer, text)
 
 
-def replay_log_probs(adapter, model_path, outputs, params: dict, device: str = "cpu", autocast=None) -> torch.Tensor:
+def replay_log_probs(
+    adapter, model_path, outputs, params: dict, device: str = "cpu", autocast=None, module=None
+) -> torch.Tensor:
     """``[B, W]`` log π_θ of the outputs' recorded steps, replayed with the adapter's diffusers transformer
-    (fp32 weights on ``device``; ``autocast``: a dtype to compute in, as a bf16 actor does), as the trainer does."""
+    (fp32 weights on ``device``, or ``module``, e.g. one with a LoRA; ``autocast``: a dtype to compute in, as a
+    bf16 actor does), as the trainer does."""
     from verl_omni.pipelines.sampling import SamplingSpec
     from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
 
@@ -36,7 +39,7 @@ def replay_log_probs(adapter, model_path, outputs, params: dict, device: str = "
     keys = ("all_latents", "all_timesteps", *adapter.required_keys(spec.uses_cfg))
     batch = {k: torch.stack([o.extra_fields[k] for o in outputs]).to(device) for k in keys}
     check_replay_batch(batch, spec, adapter)
-    module = adapter.build_module(model_path).to(device).eval()
+    module = (module if module is not None else adapter.build_module(model_path)).to(device).eval()
     scheduler = adapter.build_scheduler(model_path)
     prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
     vae_scale = adapter.vae_scale_factor(model_path)

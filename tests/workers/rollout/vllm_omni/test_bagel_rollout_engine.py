@@ -113,8 +113,7 @@ def test_lora_binds_to_the_generation_expert_changes_the_image_and_replays(
     def export(zero=False):
         module = inject(adapter.build_module(tiny_bagel_path), zero)
         tensors = get_peft_model_state_dict(module)
-        config = adapter.rollout_peft_config(module.peft_config["default"].to_dict())
-        return config, {f"base_model.model.{adapter.rollout_name(k)}": v for k, v in tensors.items()}
+        return adapter.rollout_lora(tensors, module.peft_config["default"].to_dict())
 
     try:
         bound = loop.run(bagel_engine.load_lora_tensors(*export()))

@@ -108,8 +108,7 @@ def test_lora_on_the_generation_expert_changes_the_image_and_zero_restores_it(
         tensors = get_peft_model_state_dict(module)
         if zero:
             tensors = {k: v.zero_() if "lora_B" in k else v for k, v in tensors.items()}
-        config = adapter.rollout_peft_config(module.peft_config["default"].to_dict())
-        return config, {f"base_model.model.{adapter.rollout_name(k)}": v for k, v in tensors.items()}
+        return adapter.rollout_lora(tensors, module.peft_config["default"].to_dict())
 
     (base,) = generate(loop, thinker_dit_engine, ids, "gpu-lora-base")
     try:
