@@ -82,8 +82,6 @@ def test_missing_directory_names_the_key(name, tmp_path, reference_batch):
 
 @pytest.mark.parametrize("name, missing", [("hpsv2", "HPS_v2.1_compressed.pt"), ("image_reward", "ImageReward.pt")])
 def test_missing_checkpoint_file_says_what_to_put_there(name, missing, tmp_path, reference_batch):
-    if name == "hpsv2":
-        pytest.importorskip("open_clip", reason="the rewards extra (open_clip_torch) is not installed")
     scorer = make(name, tmp_path)
     with pytest.raises(FileNotFoundError, match=rf"model_path=.* has no {missing}: put"):
         asyncio.run(scorer.score(reference_batch))

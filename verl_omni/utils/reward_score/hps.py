@@ -69,11 +69,11 @@ def load_hps(params: HpsParams) -> tuple[torch.nn.Module, object]:
 
 
 def _build_hps(params: HpsParams) -> tuple[torch.nn.Module, object]:
-    open_clip = import_extra("open_clip", "hpsv2")
     directory = require_dir(params.model_path, "model_path", "the HPSv2.1 checkpoint (HPS_v2.1_compressed.pt)")
     checkpoint = require_file(
         directory, params.checkpoint_file, "model_path", "HPSv2.1's checkpoint (xswu/HPSv2 on the Hugging Face Hub)"
     )
+    open_clip = import_extra("open_clip", "hpsv2")
     config_path = os.path.join(directory, CONFIG_FILE)
     if os.path.isfile(config_path):
         with open(config_path) as f:
