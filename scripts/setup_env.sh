@@ -15,6 +15,6 @@ fi
 echo "[setup_env] installing verl_omni and its stack into .venv/ (first time: ~2 min, ~9 GB)" >&2
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q "uv>=0.9"
-.venv/bin/uv pip install -q --python .venv/bin/python -e ".[test]"
+.venv/bin/uv pip install -q --python .venv/bin/python -e ".[test,rewards]"
 echo "$want" >"$stamp"
 echo "[setup_env] done" >&2

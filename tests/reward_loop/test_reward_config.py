@@ -56,11 +56,28 @@ def test_builds_from_yaml_node_with_defaults():
         ({"scorers": [JPEG], "num_workers": 0}, r"reward\.diffusion\.num_workers must be an integer >= 1"),
         ({"scorers": [JPEG], "num_gpus_per_worker": -1}, r"reward\.diffusion\.num_gpus_per_worker must be >= 0"),
         ({"scorers": [JPEG], "async": True}, r"reward\.diffusion: unknown key\(s\) \['async'\]"),
+        (
+            {"scorers": [JPEG], "resource_pool": "rm"},
+            r"reward\.diffusion\.resource_pool must be one of \('own', 'actor'\)",
+        ),
+        (
+            {"scorers": [JPEG, {"type": "image_reward", "params": {"model_path": "/m", "device": "cuda"}}]},
+            r"reward\.diffusion\.scorers\[1\]\.params\.device='cuda' needs a GPU in the reward workers, but "
+            r"reward\.diffusion\.num_gpus_per_worker is 0",
+        ),
     ],
 )
 def test_invalid_config_names_the_dotted_key(node, message):
     with pytest.raises(ValueError, match=message):
         build(**node)
+
+
+@pytest.mark.parametrize("resource_pool, own_gpus", [("own", 1.0), ("actor", 0.0)])
+def test_a_gpu_scorer_runs_with_gpus_of_its_own_or_the_actors(resource_pool, own_gpus):
+    scorer = {"type": "hpsv2", "params": {"model_path": "/m", "device": "cuda:0"}}
+    cfg = build(scorers=[scorer], num_workers=2, num_gpus_per_worker=0.5, resource_pool=resource_pool)
+    # the trainer adds the own GPUs to the actor's and the rollout's when it checks the cluster
+    assert cfg.gpus_of_own == own_gpus
 
 
 def test_missing_node_is_reported():

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import ray
@@ -20,6 +21,7 @@ from verl.protocol import DataProto, pad_dataproto_to_divisor
 from verl.single_controller.ray.base import RayResourcePool
 from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
+from verl_omni.reward_loop.placement import worker_options
 from verl_omni.reward_loop.reward_manager import DiffusionRewardManager
 from verl_omni.utils.reward_score import reward_metrics
 from verl_omni.workers.config.reward import DiffusionRewardConfig
@@ -57,23 +59,27 @@ class DiffusionRewardLoopWorker(RewardLoopWorker):
         """Score one finished sample: ``{"reward_score": float, "reward_extra_info": {...}}``."""
         return await self.reward_manager.run_single(data)
 
+    def device_info(self) -> dict:
+        """Where this worker runs: Ray's GPU ids for it and the ``CUDA_VISIBLE_DEVICES`` it sees."""
+        return {
+            "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+
 
 class DiffusionRewardLoopManager(RewardLoopManager):
     """Creates the reward workers and scores rollout batches of images.
 
-    Workers reserve ``num_cpus_per_worker`` / ``num_gpus_per_worker`` Ray resources each, so
-    model-based scorers can get dedicated devices. verl's reward-model server (``rm_resource_pool``)
-    is not used: scorers reach their models directly.
+    Workers get ``num_cpus_per_worker`` / ``num_gpus_per_worker`` each, from GPUs of their own or
+    from the actor's bundles (``reward.diffusion.resource_pool``, :mod:`.placement`). verl's
+    reward-model server is not used: scorers reach their models directly, so ``rm_resource_pool``
+    is the actor's resource pool, used only with ``resource_pool: actor``.
     """
 
     def __init__(self, config, rm_resource_pool: RayResourcePool | None = None):
         self.config = config
         self.reward_config = DiffusionRewardConfig.from_config(config.reward.get("diffusion"))
-        if rm_resource_pool is not None:
-            logger.warning(
-                "DiffusionRewardLoopManager ignores rm_resource_pool; reserve devices for model-based scorers "
-                "with reward.diffusion.num_gpus_per_worker instead"
-            )
+        self.actor_pool = rm_resource_pool
         self.reward_model_manager = None
         self.reward_router_address = None
         self.reward_manager_cls = diffusion_manager_cls(config)
@@ -86,10 +92,9 @@ class DiffusionRewardLoopManager(RewardLoopManager):
         return self.reward_loop_workers if self.reward_config.async_reward else None
 
     def _init_reward_loop_workers(self):
-        cfg = self.reward_config
-        options = {"num_cpus": cfg.num_cpus_per_worker, "num_gpus": cfg.num_gpus_per_worker}
         self.reward_loop_workers = [
-            self.reward_loop_workers_class.options(**options).remote(self.config, None) for _ in range(cfg.num_workers)
+            self.reward_loop_workers_class.options(**options).remote(self.config, None)
+            for options in worker_options(self.reward_config, self.actor_pool)
         ]
 
     def compute_rm_score(self, data: DataProto) -> DataProto:

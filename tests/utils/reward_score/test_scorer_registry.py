@@ -1,10 +1,25 @@
 """Scorer registry: modeled on verl's register_trainer."""
 
+from pathlib import Path
+
 import pytest
 
 from verl_omni.utils.reward_score import SCORERS, Scorer, available_scorers, get_scorer_cls, register_scorer
 
-BUILT_IN = ["aesthetic", "clip_score", "http", "jpeg_compressibility", "jpeg_incompressibility", "ocr", "pickscore"]
+BUILT_IN = [
+    "aesthetic",
+    "brightness",
+    "clip_score",
+    "geneval",
+    "hpsv2",
+    "http",
+    "image_reward",
+    "jpeg_compressibility",
+    "jpeg_incompressibility",
+    "ocr",
+    "pickscore",
+]
+DOC = Path(__file__).resolve().parents[3] / "docs" / "reward.md"
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -12,6 +27,13 @@ def test_every_built_in_scorer_resolves_and_documents_its_range(name):
     cls = get_scorer_cls(name)
     assert issubclass(cls, Scorer)
     assert "Range" in cls.__doc__
+
+
+def test_every_built_in_scorer_has_a_row_in_the_scorer_table_of_docs_reward_md():
+    rows = [line for line in DOC.read_text().splitlines() if line.startswith("| `")]
+    listed = {line.split("`")[1] for line in rows}
+    assert set(BUILT_IN) <= listed, sorted(set(BUILT_IN) - listed)
+    assert set(BUILT_IN) <= set(available_scorers())
 
 
 def test_unknown_scorer_lists_the_available_ones():

@@ -114,12 +114,15 @@ class RayFlowGRPOTrainer(PPOTrainer):
         trainer, rollout = self.configs.trainer, self.config.actor_rollout_ref.rollout
         actor_gpus = trainer.nnodes * trainer.n_gpus_per_node
         rollout_gpus = 0 if self.colocate else rollout.nnodes * rollout.n_gpus_per_node
+        reward_gpus = self.configs.reward.gpus_of_own
         available = int(ray.cluster_resources().get("GPU", 0))
-        if actor_gpus + rollout_gpus > available:
+        if actor_gpus + rollout_gpus + reward_gpus > available:
             raise ValueError(
-                f"the actor asks {actor_gpus} GPUs (trainer.nnodes x trainer.n_gpus_per_node) and the standalone "
-                f"rollout {rollout_gpus} (actor_rollout_ref.rollout.nnodes x n_gpus_per_node), the Ray cluster has "
-                f"{available}: set trainer.colocate_rollout=true to put the rollout on the actor's GPUs"
+                f"the actor asks {actor_gpus} GPUs (trainer.nnodes x trainer.n_gpus_per_node), the standalone "
+                f"rollout {rollout_gpus} (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) and the reward workers "
+                f"{reward_gpus:g} (reward.diffusion.num_workers x num_gpus_per_worker), the Ray cluster has "
+                f"{available}: set trainer.colocate_rollout=true to put the rollout on the actor's GPUs, or "
+                "reward.diffusion.resource_pool=actor for the reward models"
             )
 
     def _init_tokenizer(self):
@@ -199,7 +202,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
     def _init_reward(self):
         from verl_omni.reward_loop import DiffusionRewardLoopManager
 
-        self.reward_loop_manager = DiffusionRewardLoopManager(self.config)
+        # the actor's pool: the reward workers share it when reward.diffusion.resource_pool=actor
+        self.reward_loop_manager = DiffusionRewardLoopManager(self.config, rm_resource_pool=self.resource_pool)
 
     def _init_rollout(self):
         """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them."""

@@ -82,6 +82,16 @@ class Scorer(ABC):
     def __init__(self, params: BaseConfig | None = None):
         self.params = params if params is not None else self.params_cls()
 
+    @classmethod
+    def device_of(cls, params: BaseConfig) -> str:
+        """The torch device the scorer computes on with ``params``: its ``device`` parameter for the
+        model-based scorers, ``"cpu"`` for the others (model-free, or the model is behind HTTP).
+
+        The reward config reads it to check that a scorer asking for a GPU runs in reward workers
+        that have one (``reward.diffusion.num_gpus_per_worker``, docs/reward.md, "Devices").
+        """
+        return str(getattr(params, "device", "cpu"))
+
     @abstractmethod
     async def score(self, batch: ScoreBatch) -> list[float]:
         """Return one finite float per sample of ``batch``; raise :class:`ScorerError` on failure."""

@@ -17,6 +17,7 @@ from verl.base_config import BaseConfig
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "reward.diffusion"
+RESOURCE_POOLS = ("own", "actor")
 
 
 @dataclass
@@ -42,8 +43,9 @@ class ScorerConfig(BaseConfig):
     def label(self) -> str:
         return self.name or self.type
 
-    def validate(self, key: str) -> None:
-        """Check this entry, found at dotted config ``key``, against the scorer registry."""
+    def validate(self, key: str) -> str:
+        """Check this entry, found at dotted config ``key``, against the scorer registry; return the
+        torch device the scorer declares (:meth:`Scorer.device_of`)."""
         from verl_omni.utils.reward_score import build_params, get_scorer_cls
 
         if not isinstance(self.weight, int | float) or not math.isfinite(self.weight) or self.weight <= 0:
@@ -54,7 +56,8 @@ class ScorerConfig(BaseConfig):
             scorer_cls = get_scorer_cls(self.type)
         except ValueError as e:
             raise ValueError(f"{key}.type: {e}") from None
-        build_params(scorer_cls.params_cls, self.params, f"{key}.params")
+        params = build_params(scorer_cls.params_cls, self.params, f"{key}.params")
+        return scorer_cls.device_of(params)
 
 
 @dataclass
@@ -69,8 +72,11 @@ class DiffusionRewardConfig(BaseConfig):
         async_reward (bool): score each sample as soon as the rollout finishes it (the agent loop
             calls the workers), overlapping rollout; False scores the batch after rollout. Default False.
         num_cpus_per_worker (float): Ray CPUs reserved per worker. Default 1.
-        num_gpus_per_worker (float): Ray GPUs reserved per worker (dedicated resources for
-            model-based scorers), 0 for none. Default 0.
+        num_gpus_per_worker (float): GPUs per worker for model-based scorers (a fraction shares one),
+            0 for none; required > 0 when a scorer's ``params.device`` is a GPU. Default 0.
+        resource_pool (str): where those GPUs come from: ``own`` (GPUs of their own, outside the
+            actor's placement groups) or ``actor`` (a share of the actor's GPUs: the workers are placed
+            round-robin on the actor's bundles). Default ``own``. Layouts: docs/reward.md, "Devices".
         image_key (str): ``DataProto.batch`` key of the uint8 ``[B, 3, H, W]`` images. Default ``responses``.
         prompt_key (str): ``non_tensor_batch`` key of the prompt (text or chat messages). Default ``raw_prompt``.
         ground_truth_key (str): ``non_tensor_batch`` key of the optional target text (a string or a
@@ -83,6 +89,7 @@ class DiffusionRewardConfig(BaseConfig):
     async_reward: bool = False
     num_cpus_per_worker: float = 1.0
     num_gpus_per_worker: float = 0.0
+    resource_pool: str = "own"
     image_key: str = "responses"
     prompt_key: str = "raw_prompt"
     ground_truth_key: str = "reward_model"
@@ -93,8 +100,9 @@ class DiffusionRewardConfig(BaseConfig):
         scorers = [self._as_scorer_config(s, i) for i, s in enumerate(self.scorers)]
         object.__setattr__(self, "scorers", scorers)
         seen: set[str] = set()
+        devices = {}
         for i, scorer in enumerate(scorers):
-            scorer.validate(f"{CONFIG_KEY}.scorers[{i}]")
+            devices[i] = scorer.validate(f"{CONFIG_KEY}.scorers[{i}]")
             if scorer.label in seen:
                 raise ValueError(f"{CONFIG_KEY}.scorers[{i}].name {scorer.label!r} is used twice; names must be unique")
             seen.add(scorer.label)
@@ -103,6 +111,31 @@ class DiffusionRewardConfig(BaseConfig):
         for name in ("num_cpus_per_worker", "num_gpus_per_worker"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{CONFIG_KEY}.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.resource_pool not in RESOURCE_POOLS:
+            raise ValueError(f"{CONFIG_KEY}.resource_pool must be one of {RESOURCE_POOLS}, got {self.resource_pool!r}")
+        self._check_devices(devices)
+
+    def _check_devices(self, devices: dict[int, str]) -> None:
+        """A scorer declaring a GPU device needs reward workers with a GPU (and the reverse is a waste)."""
+        on_gpu = [i for i, device in devices.items() if not device.startswith("cpu")]
+        if on_gpu and self.num_gpus_per_worker == 0:
+            i = on_gpu[0]
+            raise ValueError(
+                f"{CONFIG_KEY}.scorers[{i}].params.device={devices[i]!r} needs a GPU in the reward workers, but "
+                f"{CONFIG_KEY}.num_gpus_per_worker is 0: set it > 0 (GPUs of their own with resource_pool=own, "
+                "a share of the actor's with resource_pool=actor) or run the scorer on 'cpu'"
+            )
+        if self.num_gpus_per_worker > 0 and not on_gpu:
+            logger.warning(
+                "%s.num_gpus_per_worker=%s but no scorer runs on a GPU (every params.device is cpu): the GPUs idle",
+                CONFIG_KEY,
+                self.num_gpus_per_worker,
+            )
+
+    @property
+    def gpus_of_own(self) -> float:
+        """GPUs the reward workers reserve outside the actor's placement groups (0 when sharing them)."""
+        return self.num_workers * self.num_gpus_per_worker if self.resource_pool == "own" else 0.0
 
     @staticmethod
     def _as_scorer_config(entry: Any, index: int) -> ScorerConfig:
