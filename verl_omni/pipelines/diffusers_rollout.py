@@ -10,7 +10,7 @@ Output per request: the images ``[N, 3, H, W]`` in [-1, 1] as the ``output`` ten
 stock vLLM-Omni post-process turns them into PIL images) and the trajectory as a dict in
 ``DiffusionOutput.trajectory_latents``: what the recorder recorded (``all_latents`` packed to
 ``[N, W+1, S, 4C]``, ``rollout_log_probs``, ``all_timesteps``, ``window_start``) and the
-conditioning named by the model's adapter. Qwen-Image and BAGEL send the trajectory inside the
+conditioning named by the model's adapter, one row for the request's N samples (:func:`shared_row`). Qwen-Image and BAGEL send the trajectory inside the
 ``{"payload": ...}`` envelope instead; vLLM-Omni 0.26's SD3, FLUX and Z-Image post-process
 functions take an image tensor only, so these pipelines use the field vLLM-Omni keeps for
 trajectories (``OmniRequestOutput.trajectory_latents`` on the client, read by
@@ -25,7 +25,7 @@ import torch
 from vllm_omni.diffusion.data import DiffusionOutput
 
 from verl_omni.pipelines.diffusers_adapter import pack_latents
-from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.recorder import RolloutRecorder, shared_row
 from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 
@@ -62,9 +62,9 @@ class DiffusersRolloutMixin:
 
     @staticmethod
     def _request_conditioning(conditioning: dict[str, torch.Tensor], rows: range) -> dict[str, torch.Tensor]:
-        """A request's rows on the host; a ``key`` with a ``key_mask`` loses the padding columns only its batch
-        companions needed."""
-        out = {k: v[rows.start : rows.stop].detach().cpu() for k, v in conditioning.items()}
+        """A request's conditioning, once for its samples (:func:`shared_row`), on the host; a ``key`` with a
+        ``key_mask`` loses the padding columns only its batch companions needed."""
+        out = {k: v[shared_row(rows)].detach().cpu() for k, v in conditioning.items()}
         for key in [k for k in out if f"{k}_mask" in out]:
             length = int(out[f"{key}_mask"].sum(dim=1).max())
             out[key], out[f"{key}_mask"] = out[key][:, :length], out[f"{key}_mask"][:, :length]

@@ -57,6 +57,17 @@ logger = logging.getLogger(__name__)
 RECORDED_KEYS = ("all_latents", "rollout_log_probs", "all_timesteps", "window_start")
 
 
+def shared_row(rows: range) -> slice:
+    """The one row of a request's conditioning sent for all its samples.
+
+    A request's N samples share its prompt, so its conditioning (prompt embeddings and masks) is the
+    same for all of them; sending it once instead of N times keeps the engine's output transfer from
+    growing with N (for SD3.5 at N=16, 16 x [333, 4096] bf16 per prompt and again for the negative).
+    ``engine.unpack_request_output`` gives the row to each sample; recorded tensors keep one row per sample.
+    """
+    return slice(rows.start, rows.start + 1)
+
+
 class RolloutRecorder:
     """Steps one transformer batch (all samples of ``requests``, request-major) and records its SDE windows.
 

@@ -12,8 +12,9 @@ Per request the output carries, batched over its N samples (see DESIGN.md §3):
 ``image`` [N, 3, H, W] in [-1, 1] (the engine's post-process turns it into PIL images) and a
 ``trajectory`` payload with what the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder`
 recorded (``all_latents`` [N, W+1, S, C] packed, ``rollout_log_probs`` [N, W], ``all_timesteps``
-[N, W], ``window_start`` [N]) plus ``prompt_embeds`` [N, L, D], ``prompt_embeds_mask``
-[N, L] and, with CFG, ``negative_prompt_embeds``/``negative_prompt_embeds_mask``. The prompt
+[N, W], ``window_start`` [N]) plus ``prompt_embeds`` [1, L, D], ``prompt_embeds_mask``
+[1, L] and, with CFG, ``negative_prompt_embeds``/``negative_prompt_embeds_mask``: the request's
+conditioning once, shared by its N samples (``engine.unpack_request_output`` repeats it). The prompt
 embeddings travel in the trajectory payload because it is the one payload entry vLLM-Omni 0.26
 forwards to the client unchanged.
 """
@@ -34,7 +35,7 @@ from verl_omni.pipelines.qwen_image.rollout_request import (
     RolloutRequest,
     parse_rollout_request,
 )
-from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.recorder import RolloutRecorder, shared_row
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
@@ -227,16 +228,15 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     def _split_outputs(self, recorder: RolloutRecorder, images: torch.Tensor, cond: Conditioning):
         outputs = []
         for rows, recorded in zip(recorder.rows(), recorder.split(), strict=True):
-            embeds, mask = self._trim(cond.embeds[rows.start : rows.stop], cond.mask[rows.start : rows.stop])
+            first = shared_row(rows)
+            embeds, mask = self._trim(cond.embeds[first], cond.mask[first])
             trajectory = {
                 **recorded,
                 "prompt_embeds": embeds,
                 "prompt_embeds_mask": mask,
             }
             if cond.negative_embeds is not None:
-                n_embeds, n_mask = self._trim(
-                    cond.negative_embeds[rows.start : rows.stop], cond.negative_mask[rows.start : rows.stop]
-                )
+                n_embeds, n_mask = self._trim(cond.negative_embeds[first], cond.negative_mask[first])
                 trajectory["negative_prompt_embeds"] = n_embeds
                 trajectory["negative_prompt_embeds_mask"] = n_mask
             # the trajectory travels once, in the payload: DiffusionOutput's trajectory_* fields are only

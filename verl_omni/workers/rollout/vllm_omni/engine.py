@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.recorder import RECORDED_KEYS
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.workers.config.rollout import DEFAULT_ENGINE_START_TIMEOUT_S, ENGINE_START_TIMEOUT_KEY
@@ -70,9 +71,10 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
 
     Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
-    uses, plus the model's conditioning), so nothing here depends on the model: each trajectory entry
-    has N rows; ``rollout_log_probs`` becomes the sample's ``rollout_log_probs``, the others its
-    ``extra_fields`` under the same names.
+    uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry
+    (``RECORDED_KEYS``) has N rows, a conditioning entry N rows or the request's one shared row
+    (``recorder.shared_row``), given to every sample; ``rollout_log_probs`` becomes the sample's
+    ``rollout_log_probs``, the others its ``extra_fields`` under the same names.
     """
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None and isinstance(getattr(output, "trajectory_latents", None), dict):
@@ -87,14 +89,15 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     if len(output.images) != num_outputs_per_prompt:
         raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
     for name, value in trajectory.items():
-        if value.shape[0] != num_outputs_per_prompt:
+        rows = (num_outputs_per_prompt,) if name in RECORDED_KEYS else (num_outputs_per_prompt, 1)
+        if value.shape[0] not in rows:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
     for name in ("all_latents", "rollout_log_probs", "all_timesteps"):
         if not bool(torch.isfinite(trajectory[name]).all()):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
     outputs = []
     for i, image in enumerate(output.images):
-        extra = {k: v[i] for k, v in trajectory.items() if k != "rollout_log_probs"}
+        extra = {k: v[i if v.shape[0] > 1 else 0] for k, v in trajectory.items() if k != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(

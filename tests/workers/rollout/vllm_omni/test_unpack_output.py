@@ -1,0 +1,63 @@
+"""``unpack_request_output``: one engine request's output becomes N per-sample outputs (no engine, seconds).
+
+The engine tests (``test_rollout_engine.py``, ``test_diffusers_rollout_engine.py``) run the same code on
+real outputs and replay the conditioning it hands out; here its row rules are checked case by case on a
+plain object with the fields of vLLM-Omni's ``OmniRequestOutput`` that it reads.
+"""
+
+from types import SimpleNamespace
+
+import PIL.Image
+import pytest
+import torch
+
+from verl_omni.workers.rollout.vllm_omni.engine import unpack_request_output
+
+N, W, L, D = 3, 2, 5, 4
+
+
+def output(**overrides):
+    trajectory = {
+        "all_latents": torch.randn(N, W + 1, 8, 4),
+        "rollout_log_probs": torch.randn(N, W),
+        "all_timesteps": torch.rand(N, W),
+        "window_start": torch.zeros(N, dtype=torch.long),
+        # the request's conditioning, once for its samples (recorder.shared_row)
+        "prompt_embeds": torch.randn(1, L, D),
+        "prompt_embeds_mask": torch.ones(1, L, dtype=torch.long),
+    } | overrides
+    images = [PIL.Image.new("RGB", (8, 8), (i * 40, 0, 0)) for i in range(N)]
+    return SimpleNamespace(multimodal_output={"trajectory": trajectory}, images=images, request_id="r0")
+
+
+def test_each_sample_gets_its_recorded_rows_and_the_requests_shared_conditioning():
+    request = output()
+    trajectory = request.multimodal_output["trajectory"]
+    samples = unpack_request_output(request, N)
+    assert len(samples) == N
+    for i, sample in enumerate(samples):
+        assert torch.equal(sample.rollout_log_probs, trajectory["rollout_log_probs"][i])
+        assert torch.equal(sample.extra_fields["all_latents"], trajectory["all_latents"][i])
+        assert torch.equal(sample.extra_fields["prompt_embeds"], trajectory["prompt_embeds"][0])
+        assert sample.diffusion_output[0, 0, 0].item() == i * 40
+
+
+def test_per_sample_conditioning_is_still_read_row_by_row():
+    per_sample = torch.randn(N, L, D)
+    samples = unpack_request_output(output(prompt_embeds=per_sample), N)
+    for i, sample in enumerate(samples):
+        assert torch.equal(sample.extra_fields["prompt_embeds"], per_sample[i])
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("rollout_log_probs", torch.randn(1, W)),
+        ("all_latents", torch.randn(1, W + 1, 8, 4)),
+        ("prompt_embeds", torch.randn(2, L, D)),
+    ],
+)
+def test_a_row_count_that_is_neither_n_nor_a_shared_row_is_refused(name, value):
+    # a recorded tensor is per sample: one row for N samples is a pipeline bug, never broadcast
+    with pytest.raises(RuntimeError, match=f"trajectory {name} has {value.shape[0]} rows for {N} samples"):
+        unpack_request_output(output(**{name: value}), N)
