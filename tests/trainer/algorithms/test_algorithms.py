@@ -37,7 +37,7 @@ def test_every_registered_algorithm_resolves_and_every_builtin_has_a_config_file
         assert issubclass(algorithm.loss_cls, AlgorithmLoss)
         if not algorithm.__module__.startswith("verl_omni.trainer.algorithms."):
             continue  # registered by another package (or a test), which ships its own config
-        node = OmegaConf.load(CONFIG_DIR / f"{name}.yaml")
+        node = OmegaConf.load(CONFIG_DIR / f"{name}.yaml").algorithm  # a global package: the node under algorithm
         config = algorithm_config_from(node)
         assert isinstance(config, algorithm.config_cls) and config.name == name
 

@@ -75,7 +75,8 @@ def with_algorithm_node(defaults: DictConfig, config: DictConfig) -> DictConfig:
         return defaults
     defaults = defaults.copy()
     node_file = ALGORITHM_DIR / f"{name}.yaml"
-    defaults.algorithm = OmegaConf.load(node_file) if node_file.is_file() else {}
+    # the node files are global (``# @package _global_``): their ``algorithm`` node, and rollout keys the tree has
+    defaults.algorithm = OmegaConf.load(node_file).algorithm if node_file.is_file() else {}
     return defaults
 
 
