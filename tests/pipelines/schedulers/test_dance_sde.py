@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
+from verl_omni.pipelines.qwen_image.tiny_model import QWEN_IMAGE_SCHEDULER_CONFIG
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob, sde_transition
-from verl_omni.utils.tiny_models.qwen_image import QWEN_IMAGE_SCHEDULER_CONFIG
 
 NUM_STEPS = 10
 
