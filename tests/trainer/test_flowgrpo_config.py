@@ -54,6 +54,12 @@ BAD_CONFIGS = [
     (["reward.reward_manager.name=naive"], "reward.reward_manager.name"),
     (["algorithm.name=no_such_algorithm"], "algorithm.name"),
     (["+algorithm.ratio_norm=true"], "algorithm.ratio_norm"),
+    (["algorithm=grpo_guard", "+algorithm.ratio_nrom=false"], "algorithm.ratio_nrom"),
+    (
+        ["algorithm=grpo_guard", "actor_rollout_ref.rollout.sde_type=cps", "actor_rollout_ref.rollout.noise_level=0.7"],
+        "actor_rollout_ref.rollout.sde_type",
+    ),
+    (["algorithm=grpo_guard", "actor_rollout_ref.actor.use_rollout_log_probs=true"], "use_rollout_log_probs=false"),
     (["actor_rollout_ref.actor.kl_beta=0.04", "actor_rollout_ref.model.lora.rank=0"], "kl_beta"),
     (["data.train_files=/nonexistent/train.parquet"], "data.train_files"),
     (["trainer.logger=[console,nowhere]"], "trainer.logger"),
@@ -91,6 +97,21 @@ def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(co
     assert configs.model.tokenizer("a cat").input_ids
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.use_rollout_log_probs"):
         run_flowgrpo(compose("actor_rollout_ref.actor.use_rollout_log_probs=true", model=tiny_bagel_path))
+    assert not ray.is_initialized()
+
+
+def test_algorithm_the_model_does_not_support_is_refused_before_ray_naming_both(compose, monkeypatch):
+    import ray
+
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.main_flowgrpo import run_flowgrpo
+
+    assert validate_config(compose("algorithm=grpo_guard")).algorithm.name == "grpo_guard"
+    # an adapter may restrict the algorithms it serves
+    monkeypatch.setattr(QwenImageTrainingAdapter, "algorithms", ("flow_grpo",))
+    with pytest.raises(ValueError, match="algorithm=grpo_guard: QwenImageTrainingAdapter"):
+        run_flowgrpo(compose("algorithm=grpo_guard"))
     assert not ray.is_initialized()
 
 

@@ -1,10 +1,11 @@
-"""Out-of-tree models, scorers and tiny builders register through entry points, with no list edited.
+"""Out-of-tree models, scorers, tiny builders and algorithms register through entry points, with no list edited.
 
 A real distribution (``verl-omni-oot-example``) is written to a temporary folder, packed as a wheel
 and installed by pip into a target folder of its own; a fresh interpreter with that folder on
 ``PYTHONPATH`` sees its entry points through ``importlib.metadata``, as it would after a ``pip install``
 (the project's environment is left as it is). There it builds its tiny checkpoint, whose
-``model_index.json`` names its pipeline class, and finds its adapter, its scorer and its builder.
+``model_index.json`` names its pipeline class, and finds its adapter, its scorer, its builder and its
+algorithm (which the example model cannot serve: the pairing is refused naming both).
 """
 
 import base64
@@ -33,6 +34,7 @@ ENTRY_POINTS = {
     },
     "verl_omni.reward_scorers": {"oot_constant": "oot_example.scorer:ConstantScorer"},
     "verl_omni.tiny_models": {"oot_example": "oot_example.tiny:build_tiny_oot_example"},
+    "verl_omni.algorithms": {"oot_nft_like": "oot_example.algorithm:OotAlgorithm"},
 }
 SOURCES = {
     "oot_example/__init__.py": '"""An out-of-tree verl_omni model: adapter, scorer and tiny builder."""\n',
@@ -55,6 +57,17 @@ SOURCES = {
 
             def score_sync(self, batch: ScoreBatch) -> list[float]:
                 return [0.25] * len(batch)
+    ''',
+    "oot_example/algorithm.py": '''
+        from verl_omni.trainer.algorithms import ODE_SAMPLES
+        from verl_omni.trainer.algorithms.flow_grpo import FlowGRPO
+
+
+        class OotAlgorithm(FlowGRPO):
+            """Registered by its entry point alone; trains on clean ODE samples (no log-probs)."""
+
+            rollout_record = ODE_SAMPLES
+            uses_log_probs = False
     ''',
     "oot_example/tiny.py": """
         import json
@@ -122,8 +135,10 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
         from verl_omni.pipelines.model_base import TRAINING_ADAPTERS, get_training_adapter
         from verl_omni.utils.reward_score import ScoreBatch, available_scorers, get_scorer_cls
         from verl_omni.utils.tiny_models import available_builders, build_tiny_model
+        from verl_omni.trainer.algorithms import ALGORITHMS, check_model_supports, get_algorithm
 
-        out = {{"adapters": TRAINING_ADAPTERS.names()}}
+        out = {{"adapters": TRAINING_ADAPTERS.names(), "algorithms": ALGORITHMS.names()}}
+        out["algorithm_module_imported_by_listing"] = "oot_example.algorithm" in sys.modules
         out["adapter_module_imported_by_listing"] = "oot_example.adapter" in sys.modules
         path = build_tiny_model("oot_example", {str(root / "ckpt")!r}, seed=3)
         adapter = get_training_adapter(path)
@@ -134,6 +149,13 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
         batch = ScoreBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), ["a", "b"])
         out["scores"] = asyncio.run(scorer.score(batch))
         out["builders"] = available_builders()
+        algorithm = get_algorithm("oot_nft_like")
+        out["algorithm"] = f"{{algorithm.__module__}}:{{algorithm.__qualname__}}:{{algorithm.name}}"
+        try:
+            check_model_supports(algorithm, adapter, path)
+            out["pairing"] = "no error"
+        except ValueError as e:
+            out["pairing"] = str(e)
         for name in ("BagelForConditionalGeneration", "BrokenPipeline"):
             try:
                 TRAINING_ADAPTERS.get(name)
@@ -153,6 +175,11 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
     assert out["rollout_pipeline"] == "oot_example.pipeline.OotExamplePipeline"
     assert {"oot_constant", "brightness"} <= set(out["scorers"]) and out["scores"] == [0.25, 0.25]
     assert {"oot_example", "qwen_image", "bagel", "clip"} <= set(out["builders"])
+    assert {"oot_nft_like", "flow_grpo", "grpo_guard"} <= set(out["algorithms"])
+    assert not out["algorithm_module_imported_by_listing"]
+    assert out["algorithm"] == "oot_example.algorithm:OotAlgorithm:oot_nft_like"
+    assert "algorithm=oot_nft_like" in out["pairing"] and "OotExampleAdapter" in out["pairing"]
+    assert "ode_samples" in out["pairing"]
     assert (
         out["BagelForConditionalGeneration"].startswith("ValueError")
         and "already registered" in out["BagelForConditionalGeneration"]

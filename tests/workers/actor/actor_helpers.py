@@ -6,8 +6,9 @@ import torch
 from tensordict import TensorDict
 
 
-def build_actor(model_path, lora_init=True, engine_kwargs=None, **actor_kwargs):
-    """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=4, AdamW lr 1e-2)."""
+def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config=None, **actor_kwargs):
+    """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=4, AdamW lr 1e-2), running
+    ``algorithm_config``'s algorithm (None: the default)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -29,7 +30,7 @@ def build_actor(model_path, lora_init=True, engine_kwargs=None, **actor_kwargs):
         CheckpointConfig(),
     )
     engine.initialize()
-    return DiffusionActor(engine, DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs))
+    return DiffusionActor(engine, DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs), algorithm_config)
 
 
 def batch_of(rec: dict, advantages: torch.Tensor) -> TensorDict:

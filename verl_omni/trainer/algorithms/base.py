@@ -233,8 +233,8 @@ def _check_declarations(cls: type[Algorithm], name: str) -> None:
 def get_algorithm(name: str) -> type[Algorithm]:
     """The algorithm registered as ``name`` (a miss lists the registered ones and how to add one)."""
     algorithm = ALGORITHMS.get(name)
-    if not algorithm.name:
-        # registered by an entry point alone (no decorator): it learns its name here
+    if "name" not in vars(algorithm):
+        # registered by an entry point alone (no decorator; maybe a subclass of a built-in): it learns its name here
         _check_declarations(algorithm, name)
         algorithm.name = name
     return algorithm
