@@ -184,3 +184,74 @@ def test_model_without_ode_recording_is_refused_naming_algorithm_and_model():
     with pytest.raises(ValueError, match=r"algorithm=diffusion_nft: BagelTrainingAdapter .*ode_samples"):
         check_model_supports(get_algorithm("diffusion_nft"), BagelTrainingAdapter, "/ckpt/bagel")
     check_model_supports(get_algorithm("diffusion_nft"), QwenImageTrainingAdapter, "/ckpt/qwen")
+
+
+@pytest.fixture
+def compose(tiny_qwen_image_path, tmp_path):
+    """The trainer config from Hydra, as ``main_flowgrpo <overrides>`` builds it, on the tiny model."""
+    from verl_omni.utils.config import compose_config
+    from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
+
+    train, val = ensure_tiny_prompts(tmp_path / "prompts")
+
+    def build(*overrides: str, model=tiny_qwen_image_path):
+        base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}"]
+        return compose_config("flowgrpo_trainer", [*base, f"trainer.default_local_dir={tmp_path / 'run'}", *overrides])
+
+    return build
+
+
+def test_hydra_group_gives_the_papers_defaults_and_ode_rollouts_validate(compose):
+    from verl_omni.trainer.config.validation import validate_config
+
+    configs = validate_config(compose("algorithm=diffusion_nft", "actor_rollout_ref.rollout.noise_level=0"))
+    assert configs.algorithm == DiffusionNFTConfig()
+    assert configs.rollout.sampling_spec().noise_level == 0.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm=diffusion_nft"],
+            "diffusion_nft trains on ODE samples: set actor_rollout_ref.rollout.noise_level=0",
+        ),
+        (
+            [
+                "algorithm=diffusion_nft",
+                "actor_rollout_ref.rollout.noise_level=0",
+                "actor_rollout_ref.rollout.true_cfg_scale=4",
+            ],
+            "CFG-free: set actor_rollout_ref.rollout.true_cfg_scale",
+        ),
+        (
+            [
+                "algorithm=diffusion_nft",
+                "actor_rollout_ref.rollout.noise_level=0",
+                "actor_rollout_ref.actor.kl_beta=0.01",
+            ],
+            "actor_rollout_ref.actor.kl_beta must be 0",
+        ),
+        # an SDE-window algorithm refuses the ODE rollout that DiffusionNFT needs
+        (["actor_rollout_ref.rollout.noise_level=0"], "noise_level must be > 0 for algorithm=flow_grpo"),
+    ],
+)
+def test_rollout_settings_the_algorithm_cannot_train_on_are_refused_naming_the_key(compose, overrides, message):
+    from verl_omni.trainer.config.validation import validate_config
+
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        validate_config(compose(*overrides))
+
+
+def test_bagel_is_refused_before_ray_naming_algorithm_and_model(compose, tiny_bagel_path):
+    import ray
+
+    from verl_omni.trainer.main_flowgrpo import run_flowgrpo
+
+    overrides = ["algorithm=diffusion_nft", "actor_rollout_ref.rollout.noise_level=0"]
+    with pytest.raises(
+        ValueError,
+        match=rf"algorithm=diffusion_nft: BagelTrainingAdapter \(actor_rollout_ref\.model\.path={tiny_bagel_path}",
+    ):
+        run_flowgrpo(compose(*overrides, model=tiny_bagel_path))
+    assert not ray.is_initialized()
