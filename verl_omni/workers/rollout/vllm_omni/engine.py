@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from verl_omni.pipelines.model_base import get_training_adapter
-from verl_omni.pipelines.recorder import RECORDED_KEYS
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.workers.config.rollout import DEFAULT_ENGINE_START_TIMEOUT_S, ENGINE_START_TIMEOUT_KEY
@@ -72,9 +72,9 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
 
     Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
     uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry
-    (``RECORDED_KEYS``) has N rows, a conditioning entry N rows or the request's one shared row
-    (``recorder.shared_row``), given to every sample; ``rollout_log_probs`` becomes the sample's
-    ``rollout_log_probs``, the others its ``extra_fields`` under the same names.
+    (``RECORDED_KEYS``, an ODE request's ``clean_latents``) has N rows, a conditioning entry N rows or
+    the request's one shared row (``recorder.shared_row``), given to every sample; ``rollout_log_probs``
+    becomes the sample's ``rollout_log_probs``, the others its ``extra_fields`` under the same names.
     """
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None and isinstance(getattr(output, "trajectory_latents", None), dict):
@@ -89,7 +89,8 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
     if len(output.images) != num_outputs_per_prompt:
         raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
     for name, value in trajectory.items():
-        rows = (num_outputs_per_prompt,) if name in RECORDED_KEYS else (num_outputs_per_prompt, 1)
+        per_sample = name in RECORDED_KEYS or name == CLEAN_LATENTS_KEY
+        rows = (num_outputs_per_prompt,) if per_sample else (num_outputs_per_prompt, 1)
         if value.shape[0] not in rows:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
     for name in ("all_latents", "rollout_log_probs", "all_timesteps"):
