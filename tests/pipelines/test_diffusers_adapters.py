@@ -238,7 +238,7 @@ def test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image(model_
     from diffusers import DiffusionPipeline
     from peft import LoraConfig
 
-    from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, _save_lora_file, gather_lora_state_dict
+    from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, gather_lora_state_dict, save_lora_dir
 
     adapter = _adapter(MODELS[model_name])
     module = adapter.build_module(tiny_path)
@@ -246,9 +246,10 @@ def test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image(model_
     module.add_adapter(
         LoraConfig(r=4, lora_alpha=4, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
     )
-    metadata = module.peft_config[ADAPTER_NAME].to_dict()
-    metadata["target_modules"] = sorted(metadata["target_modules"])
-    _save_lora_file(adapter, tmp_path / "lora", gather_lora_state_dict(module), metadata)
+    # the checkpoint's whole lora/ directory: diffusers must pick its own file next to the PEFT layout
+    save_lora_dir(
+        adapter, tmp_path / "lora", gather_lora_state_dict(module), module.peft_config[ADAPTER_NAME].to_dict()
+    )
 
     pipe = DiffusionPipeline.from_pretrained(tiny_path)
     pipe.set_progress_bar_config(disable=True)

@@ -79,6 +79,11 @@ class ModelAdapter:
         cfg_conditioning_keys (`tuple[str]`): further ones when the replay uses CFG.
         rollout_name_map (`tuple[tuple[str, str]]`): ``(training, rollout)`` name fragments, applied to
             ``.``-delimited names in order, that turn a trained module name into the rollout's.
+        rollout_fused_lora_modules (`tuple[tuple[str, tuple[str]]]`): ``(fused layer, sub-layers in slice order)``
+            (leaf names, rollout naming) of fused rollout layers whose sub-layer adapters vLLM-Omni's LoRA manager
+            does not route itself (it derives that routing from the model's ``stacked_params_mapping``; a model
+            without one lists its fused layers here): :meth:`rollout_lora` fuses those adapters into one
+            (:mod:`verl_omni.pipelines.rollout_lora`).
         sampling_keys (`tuple[str]`): model-specific sampling settings the rollout pipeline and the replay
             read (``rollout.model_kwargs``, sent as request ``extra_args`` and as ``SamplingSpec.model_kwargs``).
         tokenizer_subfolder (`str`): folder of the checkpoint holding the prompt tokenizer ('' = its root).
@@ -99,6 +104,7 @@ class ModelAdapter:
     conditioning_keys: ClassVar[tuple[str, ...]] = ()
     cfg_conditioning_keys: ClassVar[tuple[str, ...]] = ()
     rollout_name_map: ClassVar[tuple[tuple[str, str], ...]] = ()
+    rollout_fused_lora_modules: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
     sampling_keys: ClassVar[tuple[str, ...]] = ()
     tokenizer_subfolder: ClassVar[str] = ""
     rollout_dtype: ClassVar[str | None] = None
@@ -192,6 +198,17 @@ class ModelAdapter:
         if isinstance(out.get("target_modules"), (list, tuple, set)):
             out["target_modules"] = sorted({cls.rollout_name(m) for m in out["target_modules"]})
         return out
+
+    @classmethod
+    def rollout_lora(
+        cls, tensors: Mapping[str, torch.Tensor], peft_config: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+        """A trained LoRA (peft state-dict names, peft config dict) as the rollout engine loads it: the
+        config and ``base_model.model.<rollout module>.lora_{A,B}.weight`` tensors, fused layers fused. The
+        one form of both the in-memory sync and the checkpoint's PEFT layout (:mod:`verl_omni.pipelines.rollout_lora`)."""
+        from verl_omni.pipelines.rollout_lora import to_rollout_lora
+
+        return to_rollout_lora(cls, tensors, peft_config)
 
 
 register_training_adapter = TRAINING_ADAPTERS.register

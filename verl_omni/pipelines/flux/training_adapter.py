@@ -44,9 +44,15 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
     lora_file_pipeline = "FluxPipeline"
     conditioning_keys = ("prompt_embeds", "pooled_prompt_embeds")
     cfg_conditioning_keys = ()
-    # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList and name the rest alike; vLLM-Omni's fused
-    # ``to_qkv`` / ``add_kv_proj`` are mapped back from ``to_q``... by its LoRA manager
+    # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList and name the rest alike
     rollout_name_map = ()
+    # vLLM-Omni 0.26's FLUX transformer fuses q/k/v of both streams but, unlike its SD3 / Z-Image / Qwen-Image,
+    # exposes no ``stacked_params_mapping`` (only a ``packed_modules_mapping`` its diffusion LoRA manager does
+    # not read): that manager would leave ``to_q``... adapters unbound, so they are exported fused
+    rollout_fused_lora_modules = (
+        ("to_qkv", ("to_q", "to_k", "to_v")),
+        ("add_kv_proj", ("add_q_proj", "add_k_proj", "add_v_proj")),
+    )
     fsdp_wrap_blocks = ("FluxTransformerBlock", "FluxSingleTransformerBlock")
     # attention projections of the double-stream blocks (the single-stream blocks share to_q/k/v)
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS

@@ -43,7 +43,8 @@ class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
     conditioning_keys = ("prompt_embeds", "pooled_prompt_embeds")
     cfg_conditioning_keys = ("negative_prompt_embeds", "negative_pooled_prompt_embeds")
     # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList and name the rest alike; vLLM-Omni fuses
-    # q/k/v into ``to_qkv`` / ``add_kv_proj``, which its LoRA manager maps back from ``to_q``... itself
+    # q/k/v into ``to_qkv`` / ``add_kv_proj`` and its LoRA manager routes ``to_q``... adapters there itself
+    # (the transformer's ``stacked_params_mapping``): no rollout_fused_lora_modules
     rollout_name_map = ()
     fsdp_wrap_blocks = ("JointTransformerBlock",)
     # attention projections of both streams (and of SD3.5's second image attention): Flow-GRPO's SD3.5 targets

@@ -94,8 +94,8 @@ class ZImageTrainingAdapter(DiffusersFlowMatchAdapter):
     conditioning_keys = ("prompt_embeds", "prompt_embeds_mask")
     cfg_conditioning_keys = ("negative_prompt_embeds", "negative_prompt_embeds_mask")
     sampling_keys = ("cfg_normalization", "cfg_truncation")
-    # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList; vLLM-Omni's fused ``to_qkv`` / ``w13`` are
-    # mapped back from ``to_q``... / ``w1``, ``w3`` by its LoRA manager
+    # diffusers and vLLM-Omni both keep ``to_out`` a ModuleList; vLLM-Omni's LoRA manager routes ``to_q``... /
+    # ``w1``, ``w3`` adapters to its fused ``to_qkv`` / ``w13`` itself (the transformer's ``stacked_params_mapping``)
     rollout_name_map = ()
     fsdp_wrap_blocks = ("ZImageTransformerBlock",)
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")

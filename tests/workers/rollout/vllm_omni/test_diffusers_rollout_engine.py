@@ -3,7 +3,7 @@
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
 runs it. The actor side replays the recorded steps with the model's training adapter (the diffusers
-transformer, ``workers/utils/replay.py``), as the trainer does.
+transformer, ``workers/utils/replay.py``), as the trainer does, also after a LoRA sync.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ def sampling(model_name, **overrides):
     return {**base, **MODELS[model_name], "seed": 7, **overrides}
 
 
-def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", **overrides):
+def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_request=None, **overrides):
     params = sampling(model_name, **overrides)
     negative = prompt_ids["negative"] if params.get("true_cfg_scale", 1.0) > 1 else None
-    return loop.run(engine.engine_call(prompt_ids["cat"], params, request_id, n, negative))
+    return loop.run(engine.engine_call(prompt_ids["cat"], params, request_id, n, negative, lora_request))
 
 
 def test_images_finite_log_probs_and_the_adapters_conditioning(loop, model_engine, model_name, prompt_ids, adapter):
@@ -115,24 +115,102 @@ def test_batched_equals_per_sample(loop, model_engine, model_name, prompt_ids, b
         assert out.extra_fields["window_start"] == alone.extra_fields["window_start"]
 
 
-def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tiny_path, batched):
+def replayed_log_probs(model_name, adapter, tiny_path, outputs, module) -> torch.Tensor:
+    """``[B, W]`` log-probs of the recorded transitions of ``outputs`` replayed with ``module``, as the trainer does."""
     from verl_omni.pipelines.sampling import SamplingSpec
     from verl_omni.workers.utils.replay import check_replay_batch, prepare_scheduler, replay_step
 
     spec, _ = SamplingSpec.from_request_params(sampling(model_name), adapter)
     spec = spec.replay()
-    batch = {k: torch.stack([o.extra_fields[k] for o in batched]) for k in ("all_latents", "all_timesteps")}
-    batch |= {k: torch.stack([o.extra_fields[k] for o in batched]) for k in adapter.required_keys(spec.uses_cfg)}
+    batch = {k: torch.stack([o.extra_fields[k] for o in outputs]) for k in ("all_latents", "all_timesteps")}
+    batch |= {k: torch.stack([o.extra_fields[k] for o in outputs]) for k in adapter.required_keys(spec.uses_cfg)}
     check_replay_batch(batch, spec, adapter)
-    module = adapter.build_module(tiny_path).eval()
     scheduler = adapter.build_scheduler(tiny_path)
     prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
     vae_scale = adapter.vae_scale_factor(tiny_path)
     with torch.no_grad():
-        replayed = torch.stack(
+        return torch.stack(
             [replay_step(adapter, module, scheduler, batch, j, spec, vae_scale).log_prob for j in range(WINDOW)], dim=1
         )
+
+
+def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tiny_path, batched):
+    module = adapter.build_module(tiny_path).eval()
+    replayed = replayed_log_probs(model_name, adapter, tiny_path, batched, module)
     rollout = torch.stack([o.rollout_log_probs for o in batched])
     diff = float((replayed - rollout).abs().max())
     print(f"{model_name}: rollout vs actor replay max |log_prob diff| = {diff:.3e}")
     assert diff <= 1e-5
+
+
+# rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
+# to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
+LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8}
+
+
+@pytest.fixture(scope="module")
+def lora_module(adapter, tiny_path):
+    """The adapter's diffusers transformer with a random LoRA (rank 4, alpha 8) on the adapter's default targets."""
+    from peft import LoraConfig
+
+    module = adapter.build_module(tiny_path).eval()
+    torch.manual_seed(0)
+    module.add_adapter(
+        LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
+    )
+    return module
+
+
+@pytest.fixture(scope="module")
+def synced(loop, model_engine, model_name, prompt_ids, adapter, lora_module):
+    """The base sample, then 2 samples with ``lora_module``'s LoRA pushed in memory in the adapter's rollout form
+    (``rollout_lora``, as the trainer pushes it), then the base sample again after ``clear_lora``."""
+    from peft.utils import get_peft_model_state_dict
+
+    (base,) = generate(loop, model_engine, model_name, prompt_ids, request_id="lora-base")
+    state = get_peft_model_state_dict(lora_module)
+    config, tensors = adapter.rollout_lora(state, lora_module.peft_config["default"].to_dict())
+    try:
+        bound = loop.run(model_engine.load_lora_tensors(config, tensors))
+        adapted = generate(loop, model_engine, model_name, prompt_ids, n=2, request_id="lora-on")
+    finally:
+        loop.run(model_engine.clear_lora())
+    (restored,) = generate(loop, model_engine, model_name, prompt_ids, request_id="lora-removed")
+    return {"base": base, "bound": bound, "adapted": adapted, "restored": restored}
+
+
+def test_lora_sync_changes_the_image_the_actor_replays_it_and_removal_restores_the_base(
+    model_name, adapter, tiny_path, lora_module, synced
+):
+    """The pushed LoRA binds every weight on the expected layers and changes the image; the actor (diffusers +
+    peft with the same LoRA) reproduces the rollout's log-probs; once removed, the rollout samples the base again."""
+    assert len(synced["bound"]) == LORA_LAYERS[model_name], synced["bound"]
+    adapted, base = synced["adapted"], synced["base"]
+    assert not torch.equal(adapted[0].diffusion_output, base.diffusion_output)
+    replayed = replayed_log_probs(model_name, adapter, tiny_path, adapted, lora_module)
+    diff = float((replayed - torch.stack([o.rollout_log_probs for o in adapted])).abs().max())
+    print(f"{model_name}: with the synced LoRA, rollout vs actor replay max |log_prob diff| = {diff:.3e}")
+    assert diff <= 1e-5
+    assert torch.equal(synced["restored"].diffusion_output, base.diffusion_output)
+    assert torch.equal(synced["restored"].rollout_log_probs, base.rollout_log_probs)
+
+
+def test_checkpoint_lora_directory_served_from_file_equals_the_synced_lora(
+    loop, model_engine, model_name, prompt_ids, adapter, lora_module, synced, tmp_path
+):
+    """A checkpoint's ``lora/`` directory of the same LoRA, loaded by vLLM-Omni's own LoRA manager from disk (a file
+    ``LoRARequest``: PEFT config and safetensors parsed by vLLM, module names checked against the model's), gives
+    the in-memory sync's samples bit for bit. (Stock vLLM-Omni's own pipelines serve it in
+    ``test_stock_lora_serving.py``; Z-Image's cannot load a checkpoint of other sizes than the released one.)"""
+    from vllm.lora.request import LoRARequest
+
+    from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, gather_lora_state_dict, save_lora_dir
+
+    save_lora_dir(
+        adapter, tmp_path / "lora", gather_lora_state_dict(lora_module), lora_module.peft_config[ADAPTER_NAME].to_dict()
+    )
+    request = LoRARequest(lora_name="ckpt", lora_int_id=10_000, lora_path=str(tmp_path / "lora"))
+    served = generate(loop, model_engine, model_name, prompt_ids, n=2, request_id="lora-file", lora_request=request)
+    for a, b in zip(served, synced["adapted"], strict=True):
+        assert torch.equal(a.diffusion_output, b.diffusion_output)
+        assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)

@@ -6,6 +6,10 @@ Layout of ``<local_path>/``:
   ``save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the peft config as
   metadata so rank and alpha survive), loadable with ``QwenImagePipeline.load_lora_weights``;
   models without a diffusers pipeline (BAGEL) get the same keys and metadata through safetensors;
+* ``lora/adapter_config.json`` + ``lora/adapter_model.safetensors``: the same LoRA in PEFT's layout
+  under the rollout engine's module names (the adapter's ``rollout_lora``, the form the rollout
+  receives in memory), which stock vLLM-Omni serves from the directory with a file ``LoRARequest``
+  on the same base model; diffusers' ``load_lora_weights`` still picks ``pytorch_lora_weights.safetensors``;
 * ``engine_state_rank{r}_of{w}.pt``: rank r's optimizer state (its FSDP shards), LR schedule,
   RNG states and the global step. Resuming needs the same world size.
 
@@ -29,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 LORA_DIR = "lora"
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
+# PEFT's file names, which vLLM's LoRA loader reads from a LoRARequest's directory
+PEFT_CONFIG_NAME = "adapter_config.json"
+PEFT_WEIGHT_NAME = "adapter_model.safetensors"
 TRANSFORMER_PREFIX = "transformer."
 ADAPTER_NAME = "default"
 
@@ -74,6 +81,33 @@ def _save_lora_file(adapter, directory: Path, lora: dict[str, torch.Tensor], met
     save_file(tensors, str(directory / LORA_WEIGHT_NAME), metadata={"lora_adapter_metadata": json.dumps(metadata)})
 
 
+def _save_rollout_lora(adapter, directory: Path, lora: dict[str, torch.Tensor], metadata: dict) -> None:
+    """The PEFT layout of the LoRA under the rollout's module names (``adapter.rollout_lora``), for serving engines."""
+    import json
+
+    from safetensors.torch import save_file
+
+    config, tensors = adapter.rollout_lora(lora, metadata)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(directory / PEFT_WEIGHT_NAME))
+    (directory / PEFT_CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def save_lora_dir(adapter, directory: str | Path, lora: dict[str, torch.Tensor], peft_config: dict) -> None:
+    """Write a checkpoint's ``lora/`` directory (module docstring): the diffusers file and the PEFT layout.
+
+    Args:
+        adapter: the model's training adapter (LoRA file format, rollout names).
+        directory: the ``lora/`` directory (created).
+        lora: unsharded LoRA tensors in peft's adapter-free naming (:func:`gather_lora_state_dict`).
+        peft_config: the trained ``LoraConfig`` as a dict (stored as the diffusers file's metadata).
+    """
+    metadata = dict(peft_config)
+    metadata["target_modules"] = sorted(metadata["target_modules"])
+    _save_lora_file(adapter, Path(directory), lora, metadata)
+    _save_rollout_lora(adapter, Path(directory), lora, metadata)
+
+
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -96,9 +130,7 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
     lora = gather_lora_state_dict(engine.module)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
-        metadata = engine.module.peft_config[ADAPTER_NAME].to_dict()
-        metadata["target_modules"] = sorted(metadata["target_modules"])
-        _save_lora_file(engine.adapter, path / LORA_DIR, lora, metadata)
+        save_lora_dir(engine.adapter, path / LORA_DIR, lora, engine.module.peft_config[ADAPTER_NAME].to_dict())
     dist.barrier()
     state = {
         "global_step": global_step,

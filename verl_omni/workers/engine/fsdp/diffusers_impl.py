@@ -256,16 +256,18 @@ class DiffusersFSDPEngine(FSDPEngine):
         """LoRA tensors for the rollout, in peft's checkpoint naming, and the peft config (verl's contract).
 
         Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` the rollout's name of the
-        trained module (the adapter's ``rollout_name``), as vLLM's LoRA loader parses peft checkpoints;
-        the rollout side fuses q/k/v or gate/up sub-layers itself (vLLM-Omni's ``packed_modules_mapping``). With ``model.lora.merge``
-        or without LoRA, full weights would be needed: not implemented yet.
+        trained module, as vLLM's LoRA loader parses peft checkpoints; the adapter's ``rollout_lora`` renames
+        them and fuses the sub-layer adapters of fused layers the rollout does not route itself (the same
+        form the checkpoint's PEFT layout has). With ``model.lora.merge`` or without LoRA, full weights
+        would be needed: not implemented yet.
         """
         if not self._is_lora or self.model_config.lora.merge:
             raise NotImplementedError("weight export supports unmerged LoRA only (model.lora.rank > 0, merge=False)")
         tensors = self.lora_state_dict()
-        config = self.adapter.rollout_peft_config(self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict())
-        rollout_name = self.adapter.rollout_name
-        return ((f"base_model.model.{rollout_name(name)}", tensor) for name, tensor in tensors.items()), config
+        config, rollout_tensors = self.adapter.rollout_lora(
+            tensors, self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
+        )
+        return iter(rollout_tensors.items()), config
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
         """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state.

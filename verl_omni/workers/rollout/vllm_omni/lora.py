@@ -9,9 +9,10 @@ from them. ``binding`` is the probe the server runs after
 every sync: an adapter whose names match no module (or only some of them) would otherwise
 train weights the rollout never uses while it looks healthy.
 
-Names arrive as the rollout pipeline names its modules: the trainer renames them with its model's
-adapter (``ModelAdapter.rollout_name`` and ``rollout_peft_config``, from ``rollout_name_map``), so this
-module knows no model; an adapter still in training names fails the probe, naming the tensors.
+Names arrive as the rollout pipeline names its modules: the trainer renames them (and fuses the
+sub-layer adapters of fused layers vLLM-Omni does not route itself) with its model's adapter
+(``ModelAdapter.rollout_lora``), so this module knows no model; an adapter still in training names
+fails the probe, naming the tensors.
 """
 
 from __future__ import annotations
