@@ -150,6 +150,22 @@ def _stop(root: str) -> None:
         time.sleep(3)
 
 
+# `ray start` on a busy machine can miss Ray's fixed 30 s node start-up wait (verl_omni/utils/ray_start.py)
+NODE_START_ATTEMPTS = 3
+
+
+def _start_node(cmd: list[str], env: dict, temp_dir: str) -> None:
+    """``ray start`` a node, again (at most :data:`NODE_START_ATTEMPTS` times) after a start that timed out,
+    stopping what the failed attempt left (its processes name ``temp_dir``)."""
+    for attempt in range(1, NODE_START_ATTEMPTS + 1):
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if out.returncode == 0:
+            return
+        _stop(temp_dir)
+        if attempt == NODE_START_ATTEMPTS or "timed out during startup" not in out.stdout + out.stderr:
+            raise RuntimeError(f"{' '.join(cmd)} failed (attempt {attempt}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """``(address, env, dashboard)`` of the session's Ray cluster: a head + one worker node on this machine.
@@ -171,14 +187,10 @@ def ray_cluster():
     dashboard_port = _free_port()
     common = [f"--num-cpus={CPUS_PER_NODE}", "--disable-usage-stats"]
     head = ["--head", f"--port={port}", f"--temp-dir={root}/head", f"--dashboard-port={dashboard_port}"]
+    worker = [f"--address={address}", f"--temp-dir={root}/worker"]
     try:
-        subprocess.run([RAY, "start", *head, *common], env=env, check=True, timeout=300)
-        subprocess.run(
-            [RAY, "start", f"--address={address}", f"--temp-dir={root}/worker", *common],
-            env=env,
-            check=True,
-            timeout=300,
-        )
+        _start_node([RAY, "start", *head, *common], env, f"{root}/head")
+        _start_node([RAY, "start", *worker, *common], env, f"{root}/worker")
         yield address, env, f"http://127.0.0.1:{dashboard_port}"
     finally:
         _stop(root)
