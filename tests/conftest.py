@@ -1,13 +1,26 @@
-"""Session-wide fixtures: tiny random models are built once per test session.
+"""Session-wide fixtures: tiny random models are built once per test session; one Ray cluster serves
+every test that runs on Ray (each start of a Ray node costs seconds to tens of seconds on 2 cores).
 
 Importing ``verl_omni`` here would register things as a side effect; fixtures import lazily.
 """
 
+import os
+import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import pytest
 import torch
+
+RAY = str(Path(sys.executable).parent / "ray")
+REPO = str(Path(__file__).resolve().parents[1])
+# logical CPUs of each node: a 2 replicas + 2 ranks run reserves 6 (ranks, replicas, reward and agent-loop workers)
+CPUS_PER_NODE = 6
 
 
 @pytest.fixture(scope="session")
@@ -23,42 +36,38 @@ def fresh_python():
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_image_path(tmp_path_factory):
-    """Directory of a tiny random Qwen-Image (diffusers layout), built once per session with seed 0."""
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return build_tiny_model("qwen_image", tmp_path_factory.mktemp("tiny_qwen_image"), seed=0)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """``build(name, dtype="float32") -> Path``: the tiny random model ``name`` (seed 0), built once per session."""
+def tiny_model(tmp_path_factory):
+    """``tiny_model(builder, dtype="float32") -> Path``: the tiny random model of that builder (``python -m
+    verl_omni.utils.tiny_models``'s names), seed 0, built at most once per session and dtype."""
     from verl_omni.utils.tiny_models import build_tiny_model
 
     built = {}
 
-    def build(name: str, dtype: str = "float32"):
-        if (name, dtype) not in built:
-            built[name, dtype] = build_tiny_model(name, tmp_path_factory.mktemp(f"tiny_{name}_{dtype}"), 0, dtype)
-        return built[name, dtype]
+    def get(builder: str, dtype: str = "float32"):
+        if (builder, dtype) not in built:
+            out = tmp_path_factory.mktemp(f"tiny_{builder}_{dtype}")
+            built[builder, dtype] = build_tiny_model(builder, out, seed=0, dtype=dtype)
+        return built[builder, dtype]
 
-    return build
+    return get
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen_image_bf16_path(tmp_path_factory):
+def tiny_qwen_image_path(tiny_model):
+    """Directory of a tiny random Qwen-Image (diffusers layout), built once per session with seed 0."""
+    return tiny_model("qwen_image")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_image_bf16_path(tiny_model):
     """The same tiny Qwen-Image saved in bf16, like the released checkpoint (GPU engines run it in bf16)."""
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return build_tiny_model("qwen_image", tmp_path_factory.mktemp("tiny_qwen_image_bf16"), seed=0, dtype="bfloat16")
+    return tiny_model("qwen_image", "bfloat16")
 
 
 @pytest.fixture(scope="session")
-def tiny_bagel_path(tmp_path_factory):
+def tiny_bagel_path(tiny_model):
     """Directory of a tiny random BAGEL (checkpoint layout, fp32), built once per session with seed 0."""
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return build_tiny_model("bagel", tmp_path_factory.mktemp("tiny_bagel"), seed=0)
+    return tiny_model("bagel")
 
 
 @pytest.fixture(scope="session")
@@ -111,3 +120,89 @@ def recorded_qwen_image_batch(tiny_qwen_image_path, tmp_path_factory):
     """``(path, dict)`` of a batch sampled from the tiny model with ``sanity_step`` (CFG 4, W=2), with reference numbers."""
     path = tmp_path_factory.mktemp("recorded") / "recorded.pt"
     return path, record_batch(tiny_qwen_image_path, path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_pids(root: str) -> list[int]:
+    """Processes of this cluster only: every Ray process of a node names its temp dir on its command line."""
+    import psutil
+
+    pids = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if root in " ".join(proc.info["cmdline"] or []) and proc.pid != os.getpid():
+            pids.append(proc.pid)
+    return pids
+
+
+def _stop(root: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in _cluster_pids(root):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(3)
+
+
+# `ray start` on a busy machine can miss Ray's fixed 30 s node start-up wait (verl_omni/utils/ray_start.py)
+NODE_START_ATTEMPTS = 3
+
+
+def _start_node(cmd: list[str], env: dict, temp_dir: str) -> None:
+    """``ray start`` a node, again (at most :data:`NODE_START_ATTEMPTS` times) after a start that timed out,
+    stopping what the failed attempt left (its processes name ``temp_dir``)."""
+    for attempt in range(1, NODE_START_ATTEMPTS + 1):
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        if out.returncode == 0:
+            return
+        _stop(temp_dir)
+        if attempt == NODE_START_ATTEMPTS or "timed out during startup" not in out.stdout + out.stderr:
+            raise RuntimeError(f"{' '.join(cmd)} failed (attempt {attempt}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """``(address, env, dashboard)`` of the session's Ray cluster: a head + one worker node on this machine.
+
+    Every trainer run joins it (``ray_kwargs.ray_init.address``) instead of starting its own node; a run's
+    actors end with its driver, so runs follow each other on it. Its own port and temp dir, so other Ray
+    clusters on the machine are left alone (no ``ray stop``): stopped by PID at the end of the session.
+    The head runs a dashboard on a free port: the state API (``list_actors``) is served by it.
+    """
+    root = tempfile.mkdtemp(prefix="rmn_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_agent_register_timeout_ms": "120000",
+    }
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    dashboard_port = _free_port()
+    common = [f"--num-cpus={CPUS_PER_NODE}", "--disable-usage-stats"]
+    head = ["--head", f"--port={port}", f"--temp-dir={root}/head", f"--dashboard-port={dashboard_port}"]
+    worker = [f"--address={address}", f"--temp-dir={root}/worker"]
+    try:
+        _start_node([RAY, "start", *head, *common], env, f"{root}/head")
+        _start_node([RAY, "start", *worker, *common], env, f"{root}/worker")
+        yield address, env, f"http://127.0.0.1:{dashboard_port}"
+    finally:
+        _stop(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_driver(ray_cluster):
+    """``ray``, this process connected to the session's cluster for one module (whose workers import this
+    checkout); the module's actors end with the connection."""
+    import ray
+
+    address, env, _ = ray_cluster
+    ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
+    yield ray
+    ray.shutdown()

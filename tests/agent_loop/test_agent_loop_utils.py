@@ -11,6 +11,7 @@ from verl_omni.agent_loop.utils import (
     plan_batches,
     right_pad,
     sample_seed,
+    sequence_keys,
 )
 
 KEYS = ("raw_prompt", "negative_prompt")
@@ -75,6 +76,23 @@ def test_right_pad_and_pad_conditioning_to_zero_fill_the_tail():
     batch = {"prompt_embeds": stacked, "prompt_embeds_mask": right_pad([torch.ones(2), torch.ones(4)])}
     pad_conditioning_to(batch, ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds"), 6)
     assert batch["prompt_embeds"].shape == (2, 6, 3) and batch["prompt_embeds_mask"].sum().item() == 6
+
+
+def test_pad_conditioning_to_leaves_pooled_vectors_and_pads_token_ids_with_their_mask():
+    """SD3.5 / FLUX.1 record a pooled embedding [B, D] beside the token embeddings: its D is no length."""
+    ids = right_pad([torch.ones(2, dtype=torch.long), torch.ones(3, dtype=torch.long)])
+    batch = {
+        "prompt_embeds": torch.ones(2, 5, 3),
+        "pooled_prompt_embeds": torch.ones(2, 4),
+        "prompt_token_ids": ids,
+        "prompt_token_ids_mask": ids.clone(),
+    }
+    keys = tuple(batch)
+    assert sequence_keys(batch, keys) == ["prompt_embeds", "prompt_token_ids", "prompt_token_ids_mask"]
+    pad_conditioning_to(batch, keys, 7)
+    assert batch["pooled_prompt_embeds"].shape == (2, 4)
+    assert batch["prompt_embeds"].shape == (2, 7, 3) and batch["prompt_token_ids"].shape == (2, 7)
+    assert batch["prompt_token_ids_mask"].shape == (2, 7)
 
 
 def test_one_row_array_keeps_a_message_list_as_one_element():

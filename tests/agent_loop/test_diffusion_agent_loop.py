@@ -7,7 +7,6 @@ One Ray cluster and one set of replicas for the module; each path's rollout of t
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,6 @@ OVERRIDES = [
 # batched vs per-sample, same seeds: log-probs and latents agree to fp32 batch-composition noise
 LOG_PROB_ATOL = 1e-4
 LATENT_ATOL = 1e-4
-REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def make_batch(prompts: list[str], uids: list[str], n: int, step: int = STEP):
@@ -71,15 +69,8 @@ def request_counts(manager) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    import ray
-
-    pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
-    from verl_omni.utils.ray_start import init_local_ray
-
-    init_local_ray(num_cpus=12, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    yield
-    ray.shutdown()
+def cluster(ray_driver):
+    """The session's Ray cluster (``tests/conftest.py``), this process its driver for the module."""
 
 
 @pytest.fixture(scope="module")

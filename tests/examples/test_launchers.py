@@ -62,7 +62,7 @@ def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subp
 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
-def test_launcher_composes_and_passes_the_preflight(model, tiny_model_dir, ocr_dir, tmp_path):
+def test_launcher_composes_and_passes_the_preflight(model, tiny_model, ocr_dir, tmp_path):
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.preflight import check_config, check_resources
@@ -70,7 +70,7 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model_dir, ocr_d
     from verl_omni.utils.config import register_resolvers
 
     launcher, expected = RECIPES[model]
-    model_path = tiny_model_dir(model)
+    model_path = tiny_model(model)
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
     proc = launch(launcher, model_path, ocr_dir, *PASS_THROUGH, run_dir, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -93,7 +93,7 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model_dir, ocr_d
     assert spec.uses_cfg == ("true_cfg_scale" in expected)
 
 
-def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_model_dir, ocr_dir, tmp_path):
+def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_model, ocr_dir, tmp_path):
     """True CFG on the guidance-distilled FLUX.1, given as an extra argument, is refused naming the key."""
     from omegaconf import OmegaConf
 
@@ -106,7 +106,7 @@ def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_
         f"trainer.default_local_dir={tmp_path / 'run'}",
         "actor_rollout_ref.rollout.true_cfg_scale=4",
     )
-    proc = launch(launcher, tiny_model_dir("flux"), ocr_dir, *extra, "--cfg", "job")
+    proc = launch(launcher, tiny_model("flux"), ocr_dir, *extra, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()
     with pytest.raises(ValueError, match="true_cfg_scale"):

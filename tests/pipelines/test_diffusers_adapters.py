@@ -127,10 +127,8 @@ def model_name(request):
 
 
 @pytest.fixture(scope="module")
-def tiny_path(model_name, tmp_path_factory):
-    from verl_omni.utils.tiny_models import build_tiny_model
-
-    return build_tiny_model(MODELS[model_name].builder, tmp_path_factory.mktemp(f"tiny_{model_name}"), seed=0)
+def tiny_path(model_name, tiny_model):
+    return tiny_model(MODELS[model_name].builder)
 
 
 @pytest.fixture(scope="module")

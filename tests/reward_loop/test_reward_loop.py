@@ -26,7 +26,7 @@ def expected_rewards(images):
 
 
 @pytest.fixture(scope="module")
-def manager(ray_cluster):
+def manager(ray_driver):
     """Two workers in async mode; ``compute_rm_score`` (the synchronous path) works in either mode."""
     import socket
 
@@ -36,12 +36,12 @@ def manager(ray_cluster):
         yield DiffusionRewardLoopManager(make_config(scorers=scorers(url), num_workers=2, async_reward=True))
 
 
-def test_worker_handles_are_given_to_the_agent_loop_only_in_async_mode(manager, ray_cluster):
+def test_worker_handles_are_given_to_the_agent_loop_only_in_async_mode(manager, ray_driver):
     assert manager.reward_loop_worker_handles == manager.reward_loop_workers
     assert len(manager.reward_loop_workers) == 2
     sync = DiffusionRewardLoopManager(make_config(scorers=[{"type": "jpeg_compressibility"}], num_workers=1))
     assert sync.reward_loop_worker_handles is None
-    ray_cluster.kill(sync.reward_loop_workers[0])
+    ray_driver.kill(sync.reward_loop_workers[0])
 
 
 def test_compute_rm_score_over_workers_with_padding(manager):

@@ -1,6 +1,6 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end on the tiny BAGEL: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-One trainer run (a subprocess of the real entry point, its own local Ray): 1 rollout replica (the
+One trainer run (a subprocess of the real entry point, on the session's Ray cluster): 1 rollout replica (the
 ``bagel_single_stage`` deploy: the DiT stage prefills the prompt itself; the thinker + DiT deploy
 needs vLLM's CUDA engine) + 1 actor rank, 2 steps, the actor recomputing log π_old (BAGEL's
 rollout computes in bf16, see docs/bagel.md).
@@ -32,6 +32,7 @@ BAGEL_ARGS = (
     "actor_rollout_ref.rollout.width=16",
     "actor_rollout_ref.rollout.num_inference_steps=2",
     "actor_rollout_ref.rollout.sde_window_size=1",
+    "actor_rollout_ref.rollout.true_cfg_scale=4.0",
     "actor_rollout_ref.rollout.negative_prompt=''",
     "+actor_rollout_ref.rollout.model_kwargs.timestep_shift=2.0",
     "+actor_rollout_ref.rollout.model_kwargs.cfg_interval=[0.8,1.0]",
@@ -42,7 +43,7 @@ BAGEL_ARGS = (
 
 
 @pytest.fixture(scope="module")
-def bagel_run(tiny_bagel_path, prompt_files, tmp_path_factory):
+def bagel_run(tiny_bagel_path, prompt_files, ray_cluster, tmp_path_factory):
     from verl_omni.pipelines.bagel import vllm_omni_deploy_config
 
     out = tmp_path_factory.mktemp("bagel") / "run"
@@ -51,6 +52,7 @@ def bagel_run(tiny_bagel_path, prompt_files, tmp_path_factory):
         out,
         tiny_bagel_path,
         prompt_files,
+        ray_cluster,
         *BAGEL_ARGS,
         f"+actor_rollout_ref.rollout.engine_kwargs.vllm_omni.deploy_config={deploy}",
     )

@@ -1,28 +1,33 @@
-"""``python -m verl_omni.trainer.main_flowgrpo`` end to end on the tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
+"""``python -m verl_omni.trainer.main_flowgrpo`` end to end on tiny models: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-Three trainer runs (each a subprocess of the real entry point), shared by the tests below:
+Trainer runs (each a subprocess of the real entry point), all on the session's two-node Ray
+cluster (``ray_cluster``: a head and a second node process on this machine, joined through
+``ray_kwargs.ray_init.address``), shared by the tests below:
 
-* ``one``: 1 rollout replica + 1 actor rank on the run's own local Ray, the replica colocated
-  with the rank (``trainer.colocate_rollout``, the one-GPU layout), 2 steps, the actor recomputes
-  log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``;
-* ``two``: 2 replicas + 2 actor ranks on an existing two-node Ray cluster (a head and a second
-  node process on this machine, ``ray_kwargs.ray_init.address``), 3 steps, log π_old from the
-  rollout, a checkpoint every step;
-* ``resumed``: ``two``'s directory as a kill in the middle of step 3's save leaves it (step 3's
-  checkpoint a ``global_step_3.partial`` without some of its files, the tracker at 2), resumed on
-  the same cluster: step 3 must come out bit-identical to ``two``'s.
+* ``one[<model>]``, per model (Qwen-Image, SD3.5, FLUX.1, Z-Image): the same command with only
+  ``actor_rollout_ref.model.path`` changed (every other default works for every model): 1 rollout
+  replica + 1 actor rank, the replica colocated with the rank (``trainer.colocate_rollout``, the
+  one-GPU layout), 2 steps, the actor recomputes log π_old, a checkpoint every step with
+  ``trainer.max_actor_ckpt_to_keep=1``; the saved LoRA loads in the model's diffusers pipeline and
+  changes its image;
+* ``two``: Qwen-Image with CFG 4 (the negative embeddings travel too), 2 replicas + 2 actor ranks
+  over the two nodes, 2 steps, log π_old from the rollout, a checkpoint every step;
+* ``resumed``: ``two``'s directory as a kill in the middle of step 2's save leaves it (step 2's
+  checkpoint a ``global_step_2.partial`` without some of its files, the tracker at 1), resumed on
+  the same cluster: step 2 must come out bit-identical to ``two``'s.
 
 The output-directory checks that need no trainer (refusals, the fallback when the tracker names
 a missing checkpoint) run on copies of ``two``'s directory, so they see what the real checkpoint
 code writes.
 
 Prompts have different token lengths (the rollout right-pads ``prompt_embeds``; the actor must
-replay the padded batch exactly). CFG 4, so the negative embeddings travel too.
+replay the padded batch exactly).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import shutil
 
 import pytest
@@ -35,43 +40,52 @@ from verl_omni.trainer.flowgrpo import run_dir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
-@pytest.fixture(scope="module")
-def one(tiny_qwen_image_path, prompt_files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("one") / "run"
+# the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
+MODELS = ("qwen_image", "sd3", "flux", "z_image")
+# the last step of every run (and the step a resume redoes)
+STEPS = 2
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def one(request, tiny_model, ray_cluster, prompt_files, tmp_path_factory):
+    """``(run, records, model_path)`` of the 1 replica + 1 rank run of one model."""
+    model = tiny_model(request.param)
+    out = tmp_path_factory.mktemp(f"one_{request.param}") / "run"
     records, wall = run_trainer(
         out,
-        tiny_qwen_image_path,
+        model,
         prompt_files,
-        "trainer.total_training_steps=2",
-        "trainer.test_freq=2",
+        ray_cluster,
+        f"trainer.total_training_steps={STEPS}",
+        f"trainer.test_freq={STEPS}",
         "trainer.colocate_rollout=true",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=1",
     )
-    print(f"1 replica + 1 rank, 2 steps: {wall:.0f} s")
-    return out, records
+    print(f"{request.param}: 1 replica + 1 rank, {STEPS} steps: {wall:.0f} s")
+    return out, records, model
 
 
-def two_rank_args(address: str) -> tuple[str, ...]:
-    """The 2 replicas + 2 ranks run over two nodes (1 device each); its resumed copy must use exactly these settings."""
-    return (
-        f"ray_kwargs.ray_init.address={address}",
-        "trainer.total_training_steps=3",
-        "trainer.test_freq=3",
-        "trainer.save_freq=1",
-        "trainer.nnodes=2",
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.nnodes=2",
-        "actor_rollout_ref.rollout.n_gpus_per_node=1",
-        "actor_rollout_ref.actor.use_rollout_log_probs=true",
-    )
+# 2 replicas + 2 ranks over two nodes (1 device each), CFG 4; its resumed copy must use exactly these settings
+TWO_RANK_ARGS = (
+    f"trainer.total_training_steps={STEPS}",
+    f"trainer.test_freq={STEPS}",
+    "trainer.save_freq=1",
+    "trainer.nnodes=2",
+    "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.nnodes=2",
+    "actor_rollout_ref.rollout.n_gpus_per_node=1",
+    "actor_rollout_ref.rollout.true_cfg_scale=4.0",
+    "actor_rollout_ref.actor.use_rollout_log_probs=true",
+)
 
 
-def actors_of_the_run(address: str, dashboard: str) -> list:
-    """The cluster's actors (alive or dead) as Ray's state API lists them."""
+def cluster_actors(cluster) -> list:
+    """The cluster's actors (alive or dead, of every run so far) as Ray's state API lists them."""
     import ray
     from ray.util.state import list_actors
 
+    address, _, dashboard = cluster
     ray.init(address=address)
     try:
         return list_actors(address=dashboard, detail=True, limit=1000)
@@ -80,13 +94,13 @@ def actors_of_the_run(address: str, dashboard: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def two(two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
-    """The run, its records and the actors it placed (listed before ``resumed`` adds its own)."""
-    address, env, dashboard = two_node_cluster
+def two(ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    """The run, its records and the actors it placed (the cluster's actors it added: earlier runs share it)."""
     out = tmp_path_factory.mktemp("two") / "run"
-    records, wall = run_trainer(out, tiny_qwen_image_path, prompt_files, *two_rank_args(address), env=env)
-    print(f"2 replicas + 2 ranks on two nodes, 3 steps: {wall:.0f} s")
-    return out, records, actors_of_the_run(address, dashboard)
+    earlier = {a.actor_id for a in cluster_actors(ray_cluster)}
+    records, wall = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *TWO_RANK_ARGS)
+    print(f"2 replicas + 2 ranks on two nodes, {STEPS} steps: {wall:.0f} s")
+    return out, records, [a for a in cluster_actors(ray_cluster) if a.actor_id not in earlier]
 
 
 def copy_of(run, tmp_path_factory, name: str):
@@ -96,36 +110,31 @@ def copy_of(run, tmp_path_factory, name: str):
 
 
 def killed_mid_save(run) -> None:
-    """Make ``run`` what a kill during step 3's save leaves: the save's ``.partial`` directory with only some
-    of its files (rank 1's state and ``data.pt`` not written, no completeness marker), the tracker still at 2.
-    A real kill cannot be aimed at that moment without a fake; the directory it leaves is this."""
-    partial = run_dir.partial_dir(run, 3)
-    run_dir.step_dir(run, 3).rename(partial)
+    """Make ``run`` what a kill during the last step's save leaves: the save's ``.partial`` directory with only
+    some of its files (rank 1's state and ``data.pt`` not written, no completeness marker), the tracker one
+    step back. A real kill cannot be aimed at that moment without a fake; the directory it leaves is this."""
+    partial = run_dir.partial_dir(run, STEPS)
+    run_dir.step_dir(run, STEPS).rename(partial)
     for name in (run_dir.COMPLETE_FILE, "data.pt", "actor/engine_state_rank1_of2.pt"):
         (partial / name).unlink()
-    (run / run_dir.TRACKER_FILE).write_text("2")
+    (run / run_dir.TRACKER_FILE).write_text(str(STEPS - 1))
 
 
 @pytest.fixture(scope="module")
-def resumed(two, two_node_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
-    """``two`` killed while saving step 3 (see ``killed_mid_save``), resumed with the same command."""
-    address, env, _ = two_node_cluster
+def resumed(two, ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    """``two`` killed while saving its last step (see ``killed_mid_save``), resumed with the same command."""
     out = copy_of(two[0], tmp_path_factory, "resumed")
     killed_mid_save(out)
     records, wall = run_trainer(
-        out,
-        tiny_qwen_image_path,
-        prompt_files,
-        *two_rank_args(address),
-        "trainer.val_before_train=false",
-        env=env,
+        out, tiny_qwen_image_path, prompt_files, ray_cluster, *TWO_RANK_ARGS, "trainer.val_before_train=false"
     )
-    print(f"resume at step 2, 1 step: {wall:.0f} s")
+    print(f"resume at step {STEPS - 1}, 1 step: {wall:.0f} s")
     return out, records
 
 
 def check_summary(run, model, steps: int) -> None:
-    """The summary's diffusers lines, executed as printed, load the run's final (trained) LoRA; the curve is a PNG."""
+    """The summary's diffusers lines, executed as printed, load the run's final (trained) LoRA into the model's
+    pipeline, and it changes the pipeline's image; the curve is a PNG."""
     from PIL import Image
 
     from verl_omni.trainer.flowgrpo.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
@@ -135,26 +144,35 @@ def check_summary(run, model, steps: int) -> None:
     code = "\n".join(line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :])
     print(code)
     assert f"from_pretrained({str(model)!r})" in code and f"global_step_{steps}" in code
+    assert "load_lora_weights(" in code
     namespace = {}
     exec(code, namespace)
     pipe = namespace["pipe"]
     assert pipe.get_active_adapters(), "no LoRA adapter loaded"
     lora_b = [p for name, p in pipe.transformer.named_parameters() if "lora_B" in name]
     assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, "the loaded LoRA is not the trained one"
+    # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
+    tuned = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    pipe.disable_lora()
+    base = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
     assert Image.open(run / CURVE_FILE).size == (640, 400)
 
 
-def test_one_replica_one_rank_trains_logs_and_syncs(one, tiny_qwen_image_path):
-    run, records = one
-    check_summary(run, tiny_qwen_image_path, 2)
+def test_one_replica_one_rank_trains_logs_and_syncs(one):
+    run, records, model = one
+    check_summary(run, model, STEPS)
     check_run(
         run,
         records,
-        2,
+        STEPS,
         extra_keys=("timing_s/old_log_prob", "old_log_prob/rollout_diff_max", "rollout/requests_per_engine_batch"),
     )
     for record in records[1:]:
         assert record["data"]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
+        assert all(math.isfinite(v) for v in record["data"].values() if isinstance(v, float)), record["data"]
         # the step's two group requests (validation's are not counted), in one batch or two (arrival timing)
         batches, per_batch = (
             record["data"]["rollout/engine_batches"],
@@ -165,18 +183,18 @@ def test_one_replica_one_rank_trains_logs_and_syncs(one, tiny_qwen_image_path):
 
 
 def test_max_actor_ckpt_to_keep_keeps_only_the_newest_complete_checkpoint(one):
-    run, _ = one
-    assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_2"]
-    assert run_dir.checkpoint_problem(run / "global_step_2", world_size=1) is None
-    assert (run / run_dir.TRACKER_FILE).read_text() == "2"
+    run, _, _ = one
+    assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{STEPS}"]
+    assert run_dir.checkpoint_problem(run / f"global_step_{STEPS}", world_size=1) is None
+    assert (run / run_dir.TRACKER_FILE).read_text() == str(STEPS)
     assert not (run / run_dir.LOCK_FILE).exists(), "the run releases its lock when it ends"
 
 
 def test_two_replicas_two_ranks_train_with_rollout_log_probs(two):
     run, records, _ = two
-    check_run(run, records, 3, extra_keys=())
+    check_run(run, records, STEPS, extra_keys=())
     assert "timing_s/old_log_prob" not in by_step(records)[1], "bypass mode skips the phase"
-    assert sorted(p.name for p in run.glob("global_step_*")) == ["global_step_1", "global_step_2", "global_step_3"]
+    assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{s}" for s in range(1, STEPS + 1)]
 
 
 def test_two_node_run_has_two_ranks_and_places_its_actors_on_both_nodes(two):
@@ -190,16 +208,17 @@ def test_two_node_run_has_two_ranks_and_places_its_actors_on_both_nodes(two):
 def test_resume_after_a_kill_mid_save_is_bit_identical_to_the_uninterrupted_run(two, resumed):
     source, uninterrupted, _ = two
     run, records = resumed
-    assert [r["step"] for r in records] == [0, 1, 2, 3], "earlier steps kept, step 3 appended once"
-    assert by_step(records)[2] == by_step(uninterrupted)[2]
-    expected, got = by_step(uninterrupted)[3], by_step(records)[3]
+    last = STEPS
+    assert [r["step"] for r in records] == list(range(last + 1)), f"earlier steps kept, step {last} appended once"
+    assert by_step(records)[last - 1] == by_step(uninterrupted)[last - 1]
+    expected, got = by_step(uninterrupted)[last], by_step(records)[last]
     compared = [k for k in expected if k.startswith(("critic/", "actor/", "val/", "reward/"))]
     assert len(compared) > 10
     assert {k: got[k] for k in compared} == {k: expected[k] for k in compared}
-    # the partial save was ignored and replaced by a complete step 3 whose LoRA is the uninterrupted one, bit for bit
-    assert not run_dir.partial_dir(run, 3).exists()
-    assert run_dir.checkpoint_problem(run_dir.step_dir(run, 3), world_size=2) is None
-    a, b = lora_of(source, 3), lora_of(run, 3)
+    # the partial save was ignored and replaced by a complete last step whose LoRA is the uninterrupted one, bit for bit
+    assert not run_dir.partial_dir(run, last).exists()
+    assert run_dir.checkpoint_problem(run_dir.step_dir(run, last), world_size=2) is None
+    a, b = lora_of(source, last), lora_of(run, last)
     assert a.keys() == b.keys()
     different = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
     assert not different, different
@@ -216,18 +235,18 @@ def test_auto_resume_with_the_latest_checkpoint_missing_falls_back_to_the_newest
 ):
     """verl's ``find_latest_ckpt_path`` returned None here and the run trained from scratch over the old files."""
     run = copy_of(two[0], tmp_path_factory, "missing_latest")
-    shutil.rmtree(run / "global_step_3")
+    shutil.rmtree(run / f"global_step_{STEPS}")
     with caplog.at_level(logging.WARNING, logger=run_dir.__name__):
         opened = run_dir.open_run_dir(trainer_config(run))
     opened.lock.release()
-    assert opened.resume_from == run / "global_step_2"
-    assert "global_step_3, which does not exist" in caplog.text and "global_step_2" in caplog.text
+    assert opened.resume_from == run / f"global_step_{STEPS - 1}"
+    assert f"global_step_{STEPS}, which does not exist" in caplog.text and f"global_step_{STEPS - 1}" in caplog.text
 
 
 def test_a_run_into_a_finished_run_with_resume_disabled_is_refused_before_ray_and_changes_nothing(
     two, tiny_qwen_image_path, prompt_files
 ):
-    """It used to truncate metrics.jsonl and rewrite global_step_1..2 beside the old global_step_3."""
+    """It used to truncate metrics.jsonl and rewrite the run's checkpoints beside the old last one."""
     run = two[0]
 
     def run_files():

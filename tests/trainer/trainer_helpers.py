@@ -29,17 +29,21 @@ def write_prompt_files(root: Path) -> tuple[Path, Path]:
     return train, val
 
 
-def run_trainer(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None) -> tuple[list[dict], float]:
-    """Run the entry point (tiny sizes, then ``overrides``); return the metrics file's records and the wall time."""
+def run_trainer(out: Path, model: Path, prompts, cluster, *overrides: str) -> tuple[list[dict], float]:
+    """Run the entry point (tiny sizes, then ``overrides``) on the session's Ray ``cluster`` (``ray_cluster``
+    in ``tests/conftest.py``); return the metrics file's records and the wall time."""
+    address, env, _ = cluster
     start = time.perf_counter()
-    proc = run_entry_point(out, model, prompts, *overrides, env=env)
+    proc = run_entry_point(out, model, prompts, f"ray_kwargs.ray_init.address={address}", *overrides, env=env)
     wall = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return read_metrics(out), wall
 
 
 def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None):
-    """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process."""
+    """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process.
+
+    The tiny sizes are model-neutral (no guidance key): every model's defaults must work with them."""
     train, val = prompts
     args = [
         f"actor_rollout_ref.model.path={model}",
@@ -49,7 +53,6 @@ def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict 
         "actor_rollout_ref.rollout.width=32",
         "actor_rollout_ref.rollout.num_inference_steps=4",
         "actor_rollout_ref.rollout.sde_window_size=2",
-        "actor_rollout_ref.rollout.true_cfg_scale=4.0",
         "actor_rollout_ref.rollout.n=2",
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",

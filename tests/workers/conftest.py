@@ -1,7 +1,8 @@
 """Fixtures shared by the worker tests: a real vLLM-Omni rollout engine and a one-rank process group.
 
-Both are module-scoped: a module that asks for them starts one engine (tens of seconds on CPU) or
-one gloo group and every test of the module reuses it.
+A module that asks for an engine or a gloo group starts one (an engine: tens of seconds on CPU) and
+every test of the module reuses it; the fp32 Qwen-Image ``engine`` is shared by every module of
+``tests/workers/`` (package scope: the modules leave it as they found it, no LoRA, base weights).
 """
 
 import asyncio
@@ -27,7 +28,7 @@ class LoopThread:
         self.thread.join(timeout=30)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def loop():
     runner = LoopThread()
     yield runner
@@ -67,9 +68,9 @@ def _tokenized_prompts(model_path) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def engine(tiny_qwen_image_path, loop):
-    """The rollout engine on the fp32 tiny model (CPU platform when no GPU)."""
+    """The rollout engine on the fp32 tiny model (CPU platform when no GPU), one for the package's modules."""
     rollout = _started_engine(loop, tiny_qwen_image_path, "float32")
     yield rollout
     rollout.shutdown()

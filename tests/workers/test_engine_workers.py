@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def worker_group(tiny_qwen_image_path):
+def worker_group(ray_driver, tiny_qwen_image_path):
     import ray
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
     from verl.trainer.config import CheckpointConfig
@@ -23,28 +19,19 @@ def worker_group(tiny_qwen_image_path):
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
     from verl_omni.workers.engine_workers import DiffusionActorWorker
 
-    pythonpath = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    from verl_omni.utils.ray_start import init_local_ray
-
-    init_local_ray(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
-    try:
-        config = TrainingWorkerConfig(
-            model_type="diffusion_model",
-            model_config=DiffusionModelConfig(
-                path=str(tiny_qwen_image_path), lora=DiffusionLoraConfig(rank=4, alpha=8)
-            ),
-            engine_config=FSDPEngineConfig(strategy="fsdp2", seed=7),
-            optimizer_config=FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, total_training_steps=10),
-            checkpoint_config=CheckpointConfig(),
-        )
-        actor_config = DiffusionActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2)
-        cls = RayClassWithInitArgs(cls=ray.remote(DiffusionActorWorker), config=config, actor_config=actor_config)
-        pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
-        group = RayWorkerGroup(pool, cls, device_name="cpu")
-        group.init_model()
-        yield group
-    finally:
-        ray.shutdown()
+    config = TrainingWorkerConfig(
+        model_type="diffusion_model",
+        model_config=DiffusionModelConfig(path=str(tiny_qwen_image_path), lora=DiffusionLoraConfig(rank=4, alpha=8)),
+        engine_config=FSDPEngineConfig(strategy="fsdp2", seed=7),
+        optimizer_config=FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, total_training_steps=10),
+        checkpoint_config=CheckpointConfig(),
+    )
+    actor_config = DiffusionActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2)
+    cls = RayClassWithInitArgs(cls=ray.remote(DiffusionActorWorker), config=config, actor_config=actor_config)
+    pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
+    group = RayWorkerGroup(pool, cls, device_name="cpu")
+    group.init_model()
+    yield group
 
 
 def _data(rec: dict):

@@ -52,6 +52,7 @@ from verl_omni.agent_loop.utils import (
     plan_batches,
     right_pad,
     sample_seed,
+    sequence_keys,
 )
 from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
@@ -348,7 +349,7 @@ class DiffusionAgentLoopManager(AgentLoopManager):
             *[worker.generate_sequences.remote(c) for worker, c in zip(self.agent_loop_workers, chunks, strict=False)]
         )
         keys = self.adapter.recorded_keys()
-        lengths = [o.batch[k].shape[1] for o in outputs for k in keys if k in o.batch.keys()]
+        lengths = [o.batch[k].shape[1] for o in outputs for k in sequence_keys(o.batch, keys)]
         for o in outputs:
             pad_conditioning_to(o.batch, keys, max(lengths, default=0))
         metrics = [m for o in outputs for m in o.meta_info.pop("metrics")]

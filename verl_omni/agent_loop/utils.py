@@ -118,11 +118,20 @@ def right_pad(tensors: Sequence[torch.Tensor], length: int | None = None) -> tor
     return out
 
 
+def sequence_keys(batch, keys: Sequence[str]) -> list[str]:
+    """The ``keys`` of a TensorDict whose tensors are per-token sequences ``[B, L, ...]``: embeddings
+    (``[B, L, D]``), masks (``*_mask``) and what a mask goes with (token ids ``[B, L]`` beside
+    ``<key>_mask``). Anything else ``[B, D]`` is one vector per sample (a pooled text embedding, SD3.5's
+    and FLUX.1's ``pooled_prompt_embeds``): padding its ``D`` would feed the transformer a wrong width."""
+    present = [k for k in keys if k in batch.keys()]
+    return [k for k in present if batch[k].ndim >= 3 or k.endswith("_mask") or f"{k}_mask" in present]
+
+
 def pad_conditioning_to(batch, keys: Sequence[str], length: int) -> None:
-    """Zero-pad the ``[B, L, ...]`` tensors under ``keys`` (prompt embeddings or token ids and their masks) of
-    a TensorDict to ``L = length``, in place; absent keys are skipped."""
-    for key in keys:
-        if key in batch.keys() and batch[key].shape[1] < length:
+    """Zero-pad the ``[B, L, ...]`` sequences under ``keys`` (prompt embeddings or token ids and their masks,
+    :func:`sequence_keys`) of a TensorDict to ``L = length``, in place; absent keys and vectors are skipped."""
+    for key in sequence_keys(batch, keys):
+        if batch[key].shape[1] < length:
             batch[key] = right_pad(list(batch[key]), length)
 
 

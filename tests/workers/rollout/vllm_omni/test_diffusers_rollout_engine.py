@@ -33,8 +33,8 @@ def model_name(request):
 
 
 @pytest.fixture(scope="module")
-def tiny_path(model_name, tiny_model_dir):
-    return tiny_model_dir(model_name)
+def tiny_path(model_name, tiny_model):
+    return tiny_model(model_name)
 
 
 @pytest.fixture(scope="module")

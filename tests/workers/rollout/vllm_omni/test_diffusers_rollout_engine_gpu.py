@@ -36,9 +36,9 @@ def model_name(request):
 
 
 @pytest.fixture(scope="module")
-def tiny_path(model_name, tiny_model_dir):
+def tiny_path(model_name, tiny_model):
     # saved in bf16 like the released checkpoints: vLLM-Omni loads the text encoders in their saved dtype
-    return tiny_model_dir(model_name, "bfloat16")
+    return tiny_model(model_name, "bfloat16")
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,13 @@ SAMPLING = {"height": 32, "width": 32, "num_inference_steps": 3, "sde_window_siz
 
 
 @pytest.fixture(scope="module")
-def server(tiny_qwen_image_path):
+def server(ray_driver, tiny_qwen_image_path):
     import ray
     from verl.workers.rollout.replica import RolloutMode
 
-    from verl_omni.utils.ray_start import init_local_ray
     from verl_omni.workers.config.rollout import DiffusionRolloutConfig
     from verl_omni.workers.rollout.vllm_omni.server import vLLMOmniHttpServer
 
-    init_local_ray(num_cpus=4, include_dashboard=False)
     actor = (
         ray.remote(vLLMOmniHttpServer)
         .options(max_concurrency=8)
@@ -40,7 +38,6 @@ def server(tiny_qwen_image_path):
     yield actor
     ray.get(actor.shutdown.remote())
     ray.kill(actor)
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
