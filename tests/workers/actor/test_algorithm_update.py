@@ -165,9 +165,17 @@ def conditioning(embeds, prefix: str) -> dict[str, torch.Tensor]:
     return {f"{prefix}_embeds": embeds.embeds, f"{prefix}_embeds_mask": mask}
 
 
-def replay_spec(spec):
-    """The spec the actor replays with (what the trainer sends: no per-request fields)."""
-    return spec.replay() if spec.noise_level > 0 else replace(spec, seeds=(), initial_noise_seeds=(), global_step=0)
+def check_sampler_invariants(recorded: dict[str, torch.Tensor], spec) -> None:
+    """What the spec promises of the record: a progressive window is one window for the whole batch; a group
+    sharing its initial noise starts from one latent (seen when the window opens at step 0)."""
+    starts = recorded["window_start"]
+    if spec.sde_window_schedule == "progressive":
+        assert len(set(starts.tolist())) == 1, f"a progressive window differs between samples: {starts.tolist()}"
+    if spec.same_initial_noise and spec.noise_level > 0 and bool((starts == 0).all()):
+        first = recorded["all_latents"][:, 0]
+        for g in range(0, len(REWARDS), GROUP_SIZE):
+            assert torch.equal(first[g], first[g + 1]), "a prompt group did not share its initial noise"
+        assert not torch.equal(first[0], first[GROUP_SIZE]), "two prompt groups started from the same noise"
 
 
 @pytest.mark.parametrize("name", registered_algorithms())
@@ -184,6 +192,7 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     pipe, prompt, negative = tiny_pipeline
     transformer, dtype = sampler
     recorded = record_rollout(pipe, transformer, dtype, prompt, negative, spec, device)
+    check_sampler_invariants(recorded, spec)
 
     # the advantage: the algorithm's estimator on made-up rewards, prompt groups of GROUP_SIZE
     uids = [i // GROUP_SIZE for i in range(len(REWARDS))]
@@ -209,7 +218,7 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
         use_rollout_log_probs=configs.actor.use_rollout_log_probs,
     )
     phases = algorithm.phases(configs.algorithm, actor.config)
-    actor_spec = replay_spec(spec)
+    actor_spec = spec.replay()  # what the trainer sends (meta_info["sampling_spec"])
     if phases.old_log_prob:
         old = actor.infer(batch, actor_spec)
         for output in phases.old_outputs:
@@ -232,6 +241,9 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     for key in ON_POLICY_METRICS:
         if f"actor/{key}" in metrics:
             assert abs(metrics[f"actor/{key}"]) < ON_POLICY_ATOL[device.type], f"{name}: {key} off-policy"
+    if phases.old_policy_adapter:
+        # one update = one optimizer step here; the old adapter's EMA took the algorithm's decay after it
+        assert metrics["actor/old_policy_decay"] == algorithm.old_policy_decay(configs.algorithm, 1)
     lora_after = actor.engine.lora_state_dict()
     moved = max((lora_after[k].float() - v.float()).abs().max().item() for k, v in lora_before.items())
     assert moved > 0, f"{name}: one update left every LoRA tensor unchanged"
