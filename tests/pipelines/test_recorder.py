@@ -190,3 +190,18 @@ def test_a_stock_loop_records_through_the_recording_scheduler_as_the_recorder_it
     for mine, theirs in zip(recorder.split(), direct.split(), strict=True):
         for key in RECORDED_KEYS:
             assert torch.equal(mine[key], theirs[key]), key
+
+
+def test_an_ode_request_records_its_clean_final_latents_and_an_sde_request_does_not():
+    from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
+
+    sde, ode = request([5, 6]), request([12, 13], noise_level=0.0)
+    final, recorder = denoise([sde, ode])
+    sde_out, ode_out = recorder.split()
+    assert CLEAN_LATENTS_KEY not in sde_out
+    # the ODE samples' latents after the last step, fp32, in the latents' layout
+    torch.testing.assert_close(ode_out[CLEAN_LATENTS_KEY], final[2:4].float(), rtol=0, atol=0)
+    assert ode_out[CLEAN_LATENTS_KEY].shape == (2, *LATENT)
+    # an all-ODE batch steps without a window and records them too
+    alone_final, alone = denoise([ode])
+    torch.testing.assert_close(alone.split()[0][CLEAN_LATENTS_KEY], alone_final, rtol=0, atol=0)

@@ -54,6 +54,7 @@ from verl_omni.agent_loop.utils import (
     sample_seed,
 )
 from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
 from verl_omni.workers.config.rollout import DiffusionRolloutConfig
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 from verl_omni.workers.utils.replay import TRAJECTORY_KEYS
@@ -286,6 +287,9 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
             tensors["rollout_log_probs"] = torch.stack([s.rollout_log_probs for s in samples]).float()
             for key in TRAJECTORY_KEYS:
                 tensors[key] = torch.stack([s.extra_fields[key] for s in samples])
+            if CLEAN_LATENTS_KEY in samples[0].extra_fields:
+                # an ODE rollout's clean latents (the ode_samples record)
+                tensors[CLEAN_LATENTS_KEY] = torch.stack([s.extra_fields[CLEAN_LATENTS_KEY] for s in samples])
             for key in self.adapter.recorded_keys():
                 if key in samples[0].extra_fields:
                     tensors[key] = right_pad([s.extra_fields[key] for s in samples])

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from verl_omni.pipelines.model_base import ModelAdapter
+from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW, ModelAdapter
 
 # the attention projections of both streams of a joint-attention (MMDiT) block, diffusers' names: Flow-GRPO's LoRA
 # targets for SD3.5, also FLUX.1's double-stream blocks (its single-stream blocks share to_q/k/v)
@@ -77,6 +77,8 @@ class DiffusersFlowMatchAdapter(ModelAdapter):
     """
 
     transformer_class: ClassVar[str]
+    # the shared recorder (diffusers_rollout): an SDE window, or (noise level 0) an ODE sample's clean latents
+    rollout_records: ClassVar[tuple[str, ...]] = (SDE_WINDOW, ODE_SAMPLES)
     transformer_subfolder: ClassVar[str] = "transformer"
     patch_size: ClassVar[int] = 2
     # 8x VAE x 2x2 latent patches (SD3.5, FLUX.1 and Z-Image alike)

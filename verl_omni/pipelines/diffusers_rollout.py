@@ -9,7 +9,8 @@ per-request outputs.
 Output per request: the images ``[N, 3, H, W]`` in [-1, 1] as the ``output`` tensor (the model's
 stock vLLM-Omni post-process turns them into PIL images) and the trajectory as a dict in
 ``DiffusionOutput.trajectory_latents``: what the recorder recorded (``all_latents`` packed to
-``[N, W+1, S, 4C]``, ``rollout_log_probs``, ``all_timesteps``, ``window_start``) and the
+``[N, W+1, S, 4C]``, ``rollout_log_probs``, ``all_timesteps``, ``window_start``; an ODE request's
+``clean_latents`` packed to ``[N, S, 4C]``) and the
 conditioning named by the model's adapter. Qwen-Image and BAGEL send the trajectory inside the
 ``{"payload": ...}`` envelope instead; vLLM-Omni 0.26's SD3, FLUX and Z-Image post-process
 functions take an image tensor only, so these pipelines use the field vLLM-Omni keeps for
@@ -25,7 +26,7 @@ import torch
 from vllm_omni.diffusion.data import DiffusionOutput
 
 from verl_omni.pipelines.diffusers_adapter import pack_latents
-from verl_omni.pipelines.recorder import RolloutRecorder
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 
@@ -88,6 +89,8 @@ class DiffusersRolloutMixin:
                 n, w1 = latents.shape[:2]
                 flat = pack_latents(latents.reshape(n * w1, *latents.shape[2:]))
                 trajectory["all_latents"] = flat.reshape(n, w1, *flat.shape[1:])
+                if CLEAN_LATENTS_KEY in trajectory:
+                    trajectory[CLEAN_LATENTS_KEY] = pack_latents(trajectory[CLEAN_LATENTS_KEY])
             trajectory |= self._request_conditioning(conditioning, rows)
             outputs.append(
                 DiffusionOutput(output=images[rows.start : rows.stop].float(), trajectory_latents=trajectory)

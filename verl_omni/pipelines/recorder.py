@@ -33,7 +33,9 @@ recorder's, the schedule is read from the real scheduler at the first step, and 
 
 The recorded tensors carry the names the trainer's batch and the loss use (one name end to
 end): ``all_latents`` ``[N, W+1, ...]``, ``rollout_log_probs`` ``[N, W]``, ``all_timesteps``
-``[N, W]`` and ``window_start`` ``[N]``.
+``[N, W]`` and ``window_start`` ``[N]``. A request sampled with the ODE (noise level 0, the
+``ode_samples`` record of ``model_base.ROLLOUT_RECORDS``) records no window but its clean final
+latents ``clean_latents`` ``[N, ...]``, what a forward-process algorithm (DiffusionNFT) trains on.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 # the recorded tensors of one request, by their one name from the pipeline to the loss
 RECORDED_KEYS = ("all_latents", "rollout_log_probs", "all_timesteps", "window_start")
+# the clean final latents of an ODE request (noise level 0), in the layout of ``all_latents``' entries
+CLEAN_LATENTS_KEY = "clean_latents"
 
 
 class RolloutRecorder:
@@ -107,6 +111,7 @@ class RolloutRecorder:
         self._log_probs: list[list[torch.Tensor]] = [[] for _ in self.generators]
         self._timesteps: list[list[torch.Tensor]] = [[] for _ in self.generators]
         self._latent_shape: tuple[int, ...] = ()
+        self._final: torch.Tensor | None = None
 
     def _request_offsets(self) -> list[int]:
         offsets, start = [], 0
@@ -220,7 +225,7 @@ class RolloutRecorder:
         active = self.in_window(step)
         if not active:
             # nobody in a window: the Euler step, without a noise draw
-            return ode_step(latents, noise_pred, self.dts[step]).to(latents.dtype)
+            return self._keep_final(ode_step(latents, noise_pred, self.dts[step]).to(latents.dtype))
         levels = self.noise_level_table[step]
         result = sde_transition(
             noise_pred,
@@ -244,7 +249,13 @@ class RolloutRecorder:
             self._latents[i].append(result.prev_sample[i].detach())
             self._log_probs[i].append(result.log_prob[i].detach())
             self._timesteps[i].append(recorded_t)
-        return prev.to(latents.dtype)
+        return self._keep_final(prev.to(latents.dtype))
+
+    def _keep_final(self, latents: torch.Tensor) -> torch.Tensor:
+        """Keep the clean latents after the schedule's last step (ODE requests record them)."""
+        if self.step_index == len(self.dts):
+            self._final = latents.detach().float()
+        return latents
 
     def _window_noise(self, latents: torch.Tensor, active: list[int]) -> torch.Tensor:
         """ε of this step, drawn from a sample's generator only inside its own window: a sample's noise
@@ -280,7 +291,8 @@ class RolloutRecorder:
 
     def split(self) -> list[dict[str, torch.Tensor]]:
         """Per request, on the host: ``all_latents`` ``[N, W+1, ...]`` (fp32), ``rollout_log_probs`` ``[N, W]``,
-        ``all_timesteps`` ``[N, W]``, ``window_start`` ``[N]``; an ODE request (noise level 0) has W = 0."""
+        ``all_timesteps`` ``[N, W]``, ``window_start`` ``[N]``; an ODE request (noise level 0) has W = 0 and
+        records its clean final latents ``clean_latents`` ``[N, ...]`` (fp32)."""
         incomplete = [i for i in range(self.num_samples) if len(self._log_probs[i]) not in (0, self._sizes[i])]
         if incomplete:
             raise RuntimeError(f"samples {incomplete} stopped inside their SDE window (step {self.step_index})")
@@ -294,6 +306,8 @@ class RolloutRecorder:
                 "rollout_log_probs": torch.empty(n, 0),
                 "all_timesteps": torch.empty(n, 0),
             }
+            if self._final is not None and request.noise_level == 0:
+                out[CLEAN_LATENTS_KEY] = self._final[rows.start : rows.stop].cpu()
         else:
             out = {
                 "all_latents": torch.stack([torch.stack(self._latents[i]) for i in rows]).cpu(),

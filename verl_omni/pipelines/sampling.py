@@ -288,8 +288,9 @@ class SamplingSpec:
         return spec.to_dict()
 
     def replay(self) -> SamplingSpec:
-        """The spec the actor replays with: per-request fields dropped, the trained steps stochastic."""
-        return replace(self, seeds=(), initial_noise_seeds=(), global_step=0).require_stochastic()
+        """The spec the actor replays with: per-request fields dropped (an SDE-window replay also requires the
+        trained steps stochastic, ``replay.check_replay_batch``; an ODE-samples replay has noise level 0)."""
+        return replace(self, seeds=(), initial_noise_seeds=(), global_step=0)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | SamplingSpec) -> SamplingSpec:

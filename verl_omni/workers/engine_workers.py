@@ -27,10 +27,11 @@ from verl.workers.engine_workers import TrainingWorker
 
 import verl_omni.workers.engine.fsdp.diffusers_impl  # noqa: F401  (registers DiffusersFSDPEngine)
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.trainer.algorithms import AlgorithmConfig
+from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
+from verl_omni.workers.utils.losses import default_algorithm_config
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,12 @@ class DiffusionActorWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         """Build the sharded model, optimizer and schedule on every rank."""
+        algorithm_config = self.algorithm_config or default_algorithm_config()
+        phases = get_algorithm(algorithm_config.name).phases(algorithm_config, self.actor_config)
+        # the old policy as a second adapter must exist before FSDP wraps the module
+        self.engine.old_policy_adapter = phases.old_policy_adapter
         self.engine.initialize()
-        self.actor = DiffusionActor(self.engine, self.actor_config, self.algorithm_config)
+        self.actor = DiffusionActor(self.engine, self.actor_config, algorithm_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -91,11 +91,13 @@ def test_phases_follow_the_algorithm_and_the_actor_config(name, actor, old_log_p
 
 
 def test_a_model_that_cannot_record_what_the_algorithm_needs_is_refused_naming_both():
+    from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 
+    # BAGEL's rollout records SDE windows only (Qwen-Image's also records ODE samples)
     ode_algorithm = type("OdeOnly", (Algorithm,), {"rollout_record": ODE_SAMPLES, "name": "ode_only"})
-    with pytest.raises(ValueError, match="algorithm=ode_only.*QwenImageTrainingAdapter.*'ode_samples'"):
-        check_model_supports(ode_algorithm, QwenImageTrainingAdapter, "/models/qwen")
+    with pytest.raises(ValueError, match="algorithm=ode_only.*BagelTrainingAdapter.*'ode_samples'"):
+        check_model_supports(ode_algorithm, BagelTrainingAdapter, "/models/bagel")
     restricted = type("OnlyFlowGRPO", (QwenImageTrainingAdapter,), {"algorithms": ("flow_grpo",)})
     check_model_supports(get_algorithm("flow_grpo"), restricted)
     with pytest.raises(ValueError, match=r"algorithm=grpo_guard: OnlyFlowGRPO supports the algorithms \['flow_grpo'\]"):

@@ -18,7 +18,7 @@ from verl_omni.workers.config.rollout import DiffusionRolloutConfig
         ({"model_kwargs": [1]}, "actor_rollout_ref.rollout.model_kwargs"),
         ({"width": 0}, "actor_rollout_ref.rollout.width"),
         ({"num_inference_steps": 0}, "actor_rollout_ref.rollout.num_inference_steps"),
-        ({"noise_level": 0.0}, "actor_rollout_ref.rollout.noise_level"),
+        ({"noise_level": -0.1}, "actor_rollout_ref.rollout.noise_level"),
         ({"val_noise_level": -0.1}, "actor_rollout_ref.rollout.val_noise_level"),
         ({"sde_type": "ode"}, "actor_rollout_ref.rollout.sde_type"),
         ({"true_cfg_scale": 0.0}, "actor_rollout_ref.rollout.true_cfg_scale"),

@@ -37,8 +37,15 @@ def test_latents_must_hold_one_more_step_than_timesteps():
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"noise_level": 0.0}, "noise_level"), ({"sde_type": "ode"}, "sde_type"), ({"num_inference_steps": 0}, "steps")],
+    [({"noise_level": -0.1}, "noise_level"), ({"sde_type": "ode"}, "sde_type"), ({"num_inference_steps": 0}, "steps")],
 )
 def test_replay_spec_rejects_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SamplingSpec(**({"num_inference_steps": 4, "height": 32, "width": 32} | kwargs)).replay()
+
+
+def test_sde_window_replay_refuses_an_ode_spec():
+    # an ODE rollout (noise level 0, the ode_samples record) has no SDE transition to replay
+    spec = SamplingSpec(num_inference_steps=4, height=32, width=32, noise_level=0.0).replay()
+    with pytest.raises(ValueError, match="noise_level must be > 0"):
+        check_replay_batch({}, spec, QwenImageTrainingAdapter)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS
-from verl_omni.pipelines.model_base import ModelAdapter, register_training_adapter
+from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW, ModelAdapter, register_training_adapter
 
 
 @dataclass
@@ -43,6 +43,8 @@ class QwenImageTrainingAdapter(ModelAdapter):
     """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
 
     rollout_pipeline = "verl_omni.pipelines.qwen_image.rollout_pipeline.QwenImageLogProbPipeline"
+    # the shared recorder: an SDE window, or (noise level 0) the clean latents of an ODE sample
+    rollout_records = (SDE_WINDOW, ODE_SAMPLES)
     transformer_subfolder = "transformer"
     tokenizer_subfolder = "tokenizer"
     # 8x VAE, latents packed 2x2: image sides divide by 16

@@ -64,11 +64,14 @@ class Phases:
         old_outputs: what the ``old_log_prob`` phase keeps of the old policy's replay, each stored in the
             batch as ``old_<name>`` (``log_probs`` -> ``old_log_probs``, ``prev_sample_mean`` ->
             ``old_prev_sample_mean``).
+        old_policy_adapter: the actor keeps the old policy as a second LoRA adapter on the same base, an EMA
+            of the trained one, updated after each update with :meth:`Algorithm.old_policy_decay`.
     """
 
     old_log_prob: bool = True
     reference: bool = False
     old_outputs: tuple[str, ...] = ("log_probs",)
+    old_policy_adapter: bool = False
 
 
 class AlgorithmLoss:
@@ -135,6 +138,8 @@ class Algorithm:
             (see :class:`Phases`).
         needs_old_log_prob_recompute (`bool`): the loss needs more of the old policy than the rollout
             records, so the ``old_log_prob`` phase runs even when ``actor.use_rollout_log_probs`` is set.
+        old_policy_adapter (`bool`): the old policy is an EMA adapter beside the trained LoRA
+            (see :class:`Phases`; the decay is :meth:`old_policy_decay`).
     """
 
     name: ClassVar[str] = ""
@@ -144,12 +149,23 @@ class Algorithm:
     uses_log_probs: ClassVar[bool] = True
     old_outputs: ClassVar[tuple[str, ...]] = ("log_probs",)
     needs_old_log_prob_recompute: ClassVar[bool] = False
+    old_policy_adapter: ClassVar[bool] = False
 
     @classmethod
     def phases(cls, config: AlgorithmConfig, actor_config) -> Phases:
         """The optional phases of this run: old log-prob unless the rollout's are used, reference when β > 0."""
         recompute = cls.uses_log_probs and (cls.needs_old_log_prob_recompute or not actor_config.use_rollout_log_probs)
-        return Phases(old_log_prob=recompute, reference=actor_config.kl_beta > 0, old_outputs=cls.old_outputs)
+        return Phases(
+            old_log_prob=recompute,
+            reference=actor_config.kl_beta > 0,
+            old_outputs=cls.old_outputs,
+            old_policy_adapter=cls.old_policy_adapter,
+        )
+
+    @classmethod
+    def old_policy_decay(cls, config: AlgorithmConfig, optimizer_steps: int) -> float:
+        """η of the old adapter's update θ_old ← η·θ_old + (1 − η)·θ after ``optimizer_steps`` optimizer steps."""
+        raise NotImplementedError(f"{cls.__name__} declares no old-policy adapter")
 
     @classmethod
     def compute_advantage(cls, scores: torch.Tensor, index: Sequence, config: AlgorithmConfig) -> torch.Tensor:

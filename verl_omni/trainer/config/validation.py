@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
 from verl_omni.trainer.algorithms import (
+    SDE_WINDOW,
     Algorithm,
     AlgorithmConfig,
     algorithm_config_from,
@@ -106,8 +107,16 @@ def _check_model(configs: FlowGRPOConfigs) -> None:
     adapter = configs.model.adapter
     check_model_supports(configs.algorithm_cls, adapter, configs.model.path)
     # the sampling spec refuses what the model cannot honour (size multiple, guidance style, model_kwargs)
-    for validate in (False, True):
-        configs.rollout.sampling_spec(validate, adapter, f"actor_rollout_ref.model.path={configs.model.path}")
+    specs = [
+        configs.rollout.sampling_spec(v, adapter, f"actor_rollout_ref.model.path={configs.model.path}")
+        for v in (False, True)
+    ]
+    if configs.algorithm_cls.rollout_record == SDE_WINDOW and not specs[0].noise_level > 0:
+        # the trained steps of an SDE window must be stochastic (an ODE rollout records no window)
+        raise ValueError(
+            f"actor_rollout_ref.rollout.noise_level must be > 0 for algorithm={configs.algorithm.name} (its rollout "
+            "records an SDE window); 0 samples the ODE"
+        )
     if configs.actor.use_rollout_log_probs and adapter.rollout_dtype not in (None, "float32"):
         raise ValueError(
             f"actor_rollout_ref.actor.use_rollout_log_probs=true with {adapter.__name__}: its rollout computes in "

@@ -45,6 +45,10 @@ class DiffusionActor:
         algorithm = get_algorithm(algorithm_config.name)
         self.loss_fn = algorithm.build_loss(config, algorithm_config)
         self.rollout_record = algorithm.rollout_record
+        self.algorithm, self.algorithm_config = algorithm, algorithm_config
+        # the old policy as an EMA adapter (the engine holds it) and the optimizer steps its decay counts
+        self.old_policy_adapter = algorithm.phases(algorithm_config, config).old_policy_adapter
+        self.optimizer_steps = 0
         self.metric_reductions = {**ENGINE_METRIC_REDUCTIONS, **self.loss_fn.metric_reductions}
 
     def _prepare(self, data: TensorDict, spec: SamplingSpec) -> TensorDict:
@@ -86,16 +90,26 @@ class DiffusionActor:
             for epoch in range(self.config.ppo_epochs):
                 for mini_batch in self._mini_batches(data, local, epoch):
                     out = self.engine.train_batch(mini_batch, self.loss_fn)
+                    self.optimizer_steps += 1
                     metrics = dict(out["metrics"])
                     if epoch > 0:
                         for key in self.loss_fn.first_epoch_metrics:
                             metrics.pop(key, None)
                     for key, values in metrics.items():
                         collected.setdefault(key, []).extend(values if isinstance(values, list) else [values])
+            decay = self._update_old_policy() if self.old_policy_adapter else None
         self.engine.lr_scheduler_step()
         reduced = _reduce_over_ranks(collected, self.metric_reductions)
         reduced["lr"] = lr
+        if decay is not None:
+            reduced["old_policy_decay"] = decay
         return {f"actor/{key}": value for key, value in reduced.items()}
+
+    def _update_old_policy(self) -> float:
+        """The old-policy adapter's soft update after this update's optimizer steps; returns its decay."""
+        decay = self.algorithm.old_policy_decay(self.algorithm_config, self.optimizer_steps)
+        self.engine.update_old_adapter(decay)
+        return decay
 
     def _mini_batches(self, data: TensorDict, local: int, epoch: int):
         size = data.batch_size[0]

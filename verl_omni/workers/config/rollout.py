@@ -49,7 +49,9 @@ class DiffusionRolloutConfig(RolloutConfig):
             the model's default; must stay null for a model without one.
         negative_prompt (str): the negative prompt when a row has none (``non_tensor_batch["negative_prompt"]``).
         noise_level (float): SDE noise level a inside the window (training), in (0, sqrt(2)] for ``sde``
-            and (0, 1] for ``cps`` (``flow_match_sde.MAX_NOISE_LEVEL`` says why). Default 0.7.
+            and (0, 1] for ``cps`` (``flow_match_sde.MAX_NOISE_LEVEL`` says why); 0 samples the ODE and records
+            the clean latents (the ``ode_samples`` record of DiffusionNFT; an SDE-window algorithm refuses it).
+            Default 0.7.
         val_noise_level (float): noise level in validation, in the same range; 0 samples the deterministic
             ODE. Default 0.0.
         sde_type (str): the stochastic step: ``"sde"`` or ``"cps"`` (Flow-GRPO), ``"dance"`` (DanceGRPO). Default ``"sde"``.
@@ -142,7 +144,7 @@ class DiffusionRolloutConfig(RolloutConfig):
             values["noise_level"] = self.val_noise_level
         try:
             spec = SamplingSpec.resolve(values, adapter, model)
-            return spec if validate else spec.require_stochastic()
+            return spec
         except ValueError as e:
             message = str(e)
             if validate and message.startswith("noise_level"):

@@ -1,4 +1,5 @@
-"""Replay of recorded rollout transitions: the trainer's side of the Flow-GRPO log-probability.
+"""Replay of recorded rollouts: the trainer's side of the Flow-GRPO log-probability, and the forward-noised
+clean samples of an ODE rollout (``ODESamplesReplay``, one class per rollout record in :data:`REPLAYS`).
 
 The rollout records, per sample, the W+1 latents and W timesteps of its SDE window plus the
 prompt embeddings; the rollout's :class:`~verl_omni.pipelines.sampling.SamplingSpec` says how it
@@ -18,7 +19,8 @@ from typing import NamedTuple
 
 import torch
 
-from verl_omni.pipelines.model_base import SDE_WINDOW
+from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import (
     SDEStepOutput,
@@ -27,6 +29,7 @@ from verl_omni.pipelines.schedulers.flow_match_sde import (
     step_indices_for_timesteps,
 )
 from verl_omni.utils.registry import Registry
+from verl_omni.workers.engine.fsdp.old_adapter import has_old_adapter, old_adapter_active
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ class SDEWindowReplay:
         prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
 
     @staticmethod
-    def num_steps(batch: Mapping[str, torch.Tensor]) -> int:
+    def num_steps(batch: Mapping[str, torch.Tensor], spec: SamplingSpec | None = None) -> int:
         return num_replay_steps(batch)
 
     @staticmethod
@@ -147,6 +150,78 @@ class SDEWindowReplay:
         return {"log_probs": replayed.log_prob, "prev_sample_mean": replayed.prev_sample_mean}
 
 
+class ForwardNoisedStep(NamedTuple):
+    """The policies' velocities at a forward-noised clean sample (the ``ode_samples`` record's step).
+
+    Args:
+        clean (`torch.Tensor`, ``[B, S, C]``): x_0, the rollout's clean latents (fp32).
+        noisy (`torch.Tensor`, ``[B, S, C]``): x_σ = (1 − σ)·x_0 + σ·ε, ε ~ N(0, I) drawn for this step.
+        sigma (`torch.Tensor`, ``[B]``): σ of the schedule step (fp32).
+        velocity (`torch.Tensor`, ``[B, S, C]``): v_θ(x_σ, σ) of the trained policy (fp32, with gradients).
+        old_velocity (`torch.Tensor` or None): v_old(x_σ, σ) of the old-policy adapter (no gradients); None
+            when the module has no old-policy adapter.
+    """
+
+    clean: torch.Tensor
+    noisy: torch.Tensor
+    sigma: torch.Tensor
+    velocity: torch.Tensor
+    old_velocity: torch.Tensor | None
+
+
+class ODESamplesReplay:
+    """How the engine replays an ``ODE_SAMPLES`` record: forward-noised clean samples, no recorded transition.
+
+    Step j of the rollout's schedule (σ_j, timestep t_j as the model takes it) noises every sample's clean
+    latents with a fresh ε and predicts the velocity there with the trained policy and, when the module
+    carries it (:mod:`verl_omni.workers.engine.fsdp.old_adapter`), with the old-policy adapter. The number
+    of steps is the schedule's T; the loss picks which of them it trains on (``replay_steps``).
+    """
+
+    trajectory_keys = (CLEAN_LATENTS_KEY,)
+
+    @staticmethod
+    def check(batch: Mapping[str, torch.Tensor], spec: SamplingSpec, adapter) -> None:
+        missing = [k for k in (CLEAN_LATENTS_KEY, *adapter.required_keys(spec.uses_cfg)) if k not in batch.keys()]
+        if missing:
+            raise KeyError(f"replay batch lacks {missing}; an ODE rollout (noise_level 0) must record them")
+        clean = batch[CLEAN_LATENTS_KEY]
+        if clean.ndim != 3:
+            raise ValueError(f"{CLEAN_LATENTS_KEY} {tuple(clean.shape)} must be [B, S, C] (packed latent tokens)")
+
+    @staticmethod
+    def prepare(adapter, scheduler, spec: SamplingSpec, batch: Mapping[str, torch.Tensor]) -> None:
+        prepare_scheduler(adapter, scheduler, spec, batch[CLEAN_LATENTS_KEY].shape[1])
+
+    @staticmethod
+    def num_steps(batch: Mapping[str, torch.Tensor], spec: SamplingSpec | None = None) -> int:
+        if spec is None:
+            raise ValueError("the ode_samples replay needs the sampling spec for its number of steps")
+        return spec.num_inference_steps
+
+    @staticmethod
+    def step(adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1):
+        clean = batch[CLEAN_LATENTS_KEY].float()
+        size = clean.shape[0]
+        sigma = schedule_sigmas(scheduler, clean.device)[step].expand(size)
+        s = sigma.view(-1, *([1] * (clean.ndim - 1)))
+        noisy = (1 - s) * clean + s * torch.randn_like(clean)
+        view = {k: batch[k] for k in adapter.required_keys(spec.uses_cfg)}
+        view["all_latents"] = noisy[:, None]
+        view["all_timesteps"] = scheduler.timesteps[step].to(clean.device).float().expand(size)[:, None]
+        old = None
+        if has_old_adapter(module):
+            # the old policy first: switching adapters resets which tensors are trainable
+            with torch.no_grad(), old_adapter_active(module):
+                old = adapter.step_velocity(module, view, 0, spec, vae_scale_factor).float()
+        velocity = adapter.step_velocity(module, view, 0, spec, vae_scale_factor).float()
+        return ForwardNoisedStep(clean, noisy, sigma, velocity, old)
+
+    @staticmethod
+    def outputs(replayed: ForwardNoisedStep) -> dict[str, torch.Tensor]:
+        return {"velocity": replayed.velocity}
+
+
 REPLAYS: Registry = Registry(
     "replay",
     check=inspect.isclass,
@@ -154,6 +229,7 @@ REPLAYS: Registry = Registry(
 )
 register_replay = REPLAYS.register
 register_replay(SDE_WINDOW)(SDEWindowReplay)
+register_replay(ODE_SAMPLES)(ODESamplesReplay)
 
 
 def get_replay(record: str):

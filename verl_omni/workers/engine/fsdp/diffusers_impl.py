@@ -16,7 +16,9 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   gradient is that of the mean loss over all (sample, step) pairs of the mini-batch; what a step
   is comes from the replay of the algorithm's rollout record, which steps are trained from the loss;
 * checkpoints (LoRA in diffusers' ``load_lora_weights`` format + per-rank optimizer, LR
-  schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy).
+  schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy);
+* with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
+  frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
 from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.workers.engine.fsdp import checkpoint
+from verl_omni.workers.engine.fsdp import checkpoint, old_adapter
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class DiffusersFSDPEngine(FSDPEngine):
         self.adapter = get_training_adapter(model_config.path)
         self.vae_scale_factor = self.adapter.vae_scale_factor(model_config.path)
         self.scheduler = None
+        # a second LoRA adapter holding the old policy (set by the worker from the algorithm's phases)
+        self.old_policy_adapter = False
 
     # ---- building -------------------------------------------------------------------------
 
@@ -116,6 +120,9 @@ class DiffusersFSDPEngine(FSDPEngine):
                 "check model.lora.target_modules against the transformer's module names"
             )
         logger.info("LoRA r=%d alpha=%d on %d tensors (%s)", lora.rank, lora.alpha, len(trainable), targets)
+        if self.old_policy_adapter:
+            # before FSDP wraps the module: the old adapter is sharded like the trained one
+            old_adapter.add_old_adapter(module)
         return module
 
     def _mixed_precision(self) -> tuple[torch.dtype, torch.dtype]:
@@ -194,7 +201,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         replay = get_replay(data.get_non_tensor(ROLLOUT_RECORD_KEY, default=SDE_WINDOW))
         replay.check(data, spec, self.adapter)
         replay.prepare(self.adapter, self.scheduler, spec, data)
-        steps = list(getattr(loss_function, "replay_steps", range)(replay.num_steps(data)))
+        steps = list(getattr(loss_function, "replay_steps", range)(replay.num_steps(data, spec)))
         size = data.batch_size[0]
         micro_batches = data.split(self._micro_batch_size(data))
         outputs, metrics = [], {}
@@ -250,6 +257,14 @@ class DiffusersFSDPEngine(FSDPEngine):
             yield
         finally:
             self.module.enable_adapters()
+
+    def update_old_adapter(self, decay: float) -> None:
+        """The old policy's soft update θ_old ← decay·θ_old + (1 − decay)·θ (each rank its own shards)."""
+        if not self.old_policy_adapter:
+            raise RuntimeError(
+                "update_old_adapter needs the old-policy adapter (old_policy_adapter=True before initialize)"
+            )
+        old_adapter.ema_update(self.module, decay)
 
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) LoRA tensors on CPU, named as diffusers' ``get_peft_model_state_dict`` names them.

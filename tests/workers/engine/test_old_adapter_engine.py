@@ -1,0 +1,66 @@
+"""DiffusionNFT's old policy on the real two-rank FSDP engine: a second LoRA adapter, an exact EMA, one transformer.
+
+The scenario runs under ``torch.distributed.run`` (``old_adapter_engine.py``); these tests read its numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).parent
+REPO = HERE.parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tiny_qwen_image_path, tmp_path_factory):
+    out = tmp_path_factory.mktemp("old_adapter")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
+    cmd += [str(HERE / "old_adapter_engine.py"), str(tiny_qwen_image_path), str(out)]
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out / "results.pt", weights_only=False)
+
+
+def test_no_second_transformer_only_a_second_adapter(results):
+    assert results["transformers"] == 1
+    assert results["trained_params"] > 0
+    assert results["old_params"] == results["trained_params"]
+    assert results["actor_params"] == results["base_params"] + 2 * results["trained_params"]
+
+
+def test_old_adapter_is_frozen_and_outside_the_optimizer(results):
+    assert results["old_trainable"] is False
+    assert results["optimizer_tensors"] == results["trained_tensors"]
+    assert results["still_active"] == ["default"]
+
+
+def test_old_adapter_starts_equal_then_moves_by_the_configured_rate(results):
+    assert results["old_starts_equal"]
+    # DiffusionNFTConfig(decay_rate=0.25, decay_max=0.6): η = 0.25 after one optimizer step, 0.5 after two
+    assert [m["actor/old_policy_decay"] for m in results["metrics"]] == [0.25, 0.5]
+    assert results["ema_max_error"] == [0.0, 0.0]
+    assert all(moved > 0 for moved in results["old_moved"])
+    assert results["trained_moved"] > 0
+
+
+def test_loss_reads_the_old_policy(results):
+    first, second = results["metrics"]
+    # the old adapter equals the trained one before the first update, and trails it after
+    assert first["actor/old_deviate"] == 0.0
+    assert second["actor/old_deviate"] > 0.0
+    assert all(torch.isfinite(torch.tensor(v)) for m in results["metrics"] for v in m.values())
