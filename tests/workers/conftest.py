@@ -135,3 +135,19 @@ def cuda_process_group():
     dist = _process_group("nccl")
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device_process_group(request):
+    """The device a test runs on, with its one-rank group: gloo on the CPU, NCCL on CUDA device 0 (marked ``gpu``).
+
+    Parametrized at module scope: pytest runs the module's CPU tests, tears the gloo group down, then the CUDA
+    ones, so one test body covers both devices without two default groups at a time.
+    """
+    import torch
+
+    if request.param == "cuda":
+        torch.cuda.set_device(0)
+    dist = _process_group("gloo" if request.param == "cpu" else "nccl")
+    yield torch.device(request.param, 0) if request.param == "cuda" else torch.device("cpu")
+    dist.destroy_process_group()

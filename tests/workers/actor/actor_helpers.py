@@ -13,9 +13,11 @@ def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
 
+    from verl_omni.trainer.algorithms import get_algorithm
     from verl_omni.workers.actor.diffusion_actor import DiffusionActor
     from verl_omni.workers.config.actor import DiffusionActorConfig
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
+    from verl_omni.workers.utils.losses import default_algorithm_config
 
     model = DiffusionModelConfig(
         path=str(model_path), lora=DiffusionLoraConfig(rank=4, alpha=8, init_lora_weights=lora_init)
@@ -29,8 +31,13 @@ def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config
         optim,
         CheckpointConfig(),
     )
+    actor_config = DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs)
+    algorithm_config = algorithm_config or default_algorithm_config()
+    # as DiffusionActorWorker.init_model: an old-policy adapter must exist before FSDP wraps the module
+    phases = get_algorithm(algorithm_config.name).phases(algorithm_config, actor_config)
+    engine.old_policy_adapter = phases.old_policy_adapter
     engine.initialize()
-    return DiffusionActor(engine, DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs), algorithm_config)
+    return DiffusionActor(engine, actor_config, algorithm_config)
 
 
 def batch_of(rec: dict, advantages: torch.Tensor) -> TensorDict:
