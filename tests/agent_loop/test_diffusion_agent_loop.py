@@ -159,6 +159,8 @@ def test_prompt_uid_affinity_keeps_every_group_on_one_replica(servers, per_sampl
 
 
 def test_output_follows_the_contract(batched_run):
+    from verl_omni.pipelines.sampling import REQUEST_FIELDS, SamplingSpec
+
     manager, output, _ = batched_run
     b = len(PROMPTS) * N
     batch = output.batch
@@ -175,8 +177,9 @@ def test_output_follows_the_contract(batched_run):
     assert output.non_tensor_batch["num_turns"].tolist() == [2] * b
     assert output.non_tensor_batch["uid"].tolist() == [u for u in UIDS for _ in range(N)]
     assert output.non_tensor_batch["data_source"].tolist() == ["unit"] * b
-    # the rollout's spec (the model's default CFG resolved), without the per-request seeds
-    assert output.meta_info["sampling_spec"] == {
+    # the rollout's spec (the model's default CFG resolved), without the per-request fields
+    spec = output.meta_info["sampling_spec"]
+    expected = {
         "num_inference_steps": 3,
         "height": 32,
         "width": 32,
@@ -187,8 +190,10 @@ def test_output_follows_the_contract(batched_run):
         "guidance_scale": None,
         "sde_window_size": 2,
         "sde_window_range": None,
-        "seeds": [],
     }
+    assert {k: spec[k] for k in expected} == expected
+    assert all(not spec[k] for k in REQUEST_FIELDS), {k: spec[k] for k in REQUEST_FIELDS}
+    assert SamplingSpec.from_dict(spec).to_dict() == spec
     assert all(k.startswith("agent_loop/") for k in output.meta_info["timing"])
 
 
