@@ -196,13 +196,29 @@ def ray_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def ray_connect(ray_cluster):
+    """``connect(**ray_init_kwargs)``: ``ray.init`` this process to the session's cluster under the cluster's
+    auth mode. A driver under token auth (Ray's default for a local start, which sets ``RAY_AUTH_MODE`` in this
+    process) sees its actors on this no-auth cluster cancelled before they run; a module that starts its own
+    local Ray therefore starts it without auth too (tests/reward_loop/test_reward_placement.py)."""
+    import ray
+
+    address, env, _ = ray_cluster
+
+    def connect(**kwargs) -> None:
+        os.environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]
+        ray.init(address=address, **kwargs)
+
+    return connect
+
+
 @pytest.fixture(scope="module")
-def ray_driver(ray_cluster):
+def ray_driver(ray_cluster, ray_connect):
     """``ray``, this process connected to the session's cluster for one module (whose workers import this
     checkout); the module's actors end with the connection."""
     import ray
 
-    address, env, _ = ray_cluster
-    ray.init(address=address, runtime_env={"env_vars": {"PYTHONPATH": env["PYTHONPATH"]}})
+    ray_connect(runtime_env={"env_vars": {"PYTHONPATH": ray_cluster[1]["PYTHONPATH"]}})
     yield ray
     ray.shutdown()

@@ -23,12 +23,18 @@ def gpu_cluster():
 
     from verl_omni.utils.ray_start import init_local_ray
 
+    # Ray's local start sets RAY_* variables here, and this process keeps the auth mode it first used: later
+    # modules join the session's no-auth cluster (tests/conftest.py), so this one starts without auth too
+    environ = dict(os.environ)
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     init_local_ray(
         num_cpus=8, num_gpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}
     )
     yield ray
     ray.shutdown()
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 @pytest.fixture(scope="module")

@@ -80,27 +80,26 @@ TWO_RANK_ARGS = (
 )
 
 
-def cluster_actors(cluster) -> list:
+def cluster_actors(cluster, connect) -> list:
     """The cluster's actors (alive or dead, of every run so far) as Ray's state API lists them."""
     import ray
     from ray.util.state import list_actors
 
-    address, _, dashboard = cluster
-    ray.init(address=address)
+    connect()
     try:
-        return list_actors(address=dashboard, detail=True, limit=1000)
+        return list_actors(address=cluster[2], detail=True, limit=1000)
     finally:
         ray.shutdown()
 
 
 @pytest.fixture(scope="module")
-def two(ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+def two(ray_cluster, ray_connect, tiny_qwen_image_path, prompt_files, tmp_path_factory):
     """The run, its records and the actors it placed (the cluster's actors it added: earlier runs share it)."""
     out = tmp_path_factory.mktemp("two") / "run"
-    earlier = {a.actor_id for a in cluster_actors(ray_cluster)}
+    earlier = {a.actor_id for a in cluster_actors(ray_cluster, ray_connect)}
     records, wall = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *TWO_RANK_ARGS)
     print(f"2 replicas + 2 ranks on two nodes, {STEPS} steps: {wall:.0f} s")
-    return out, records, [a for a in cluster_actors(ray_cluster) if a.actor_id not in earlier]
+    return out, records, [a for a in cluster_actors(ray_cluster, ray_connect) if a.actor_id not in earlier]
 
 
 def copy_of(run, tmp_path_factory, name: str):
