@@ -74,6 +74,10 @@ BAD_VALUES = [
     (["actor_rollout_ref.actor.optim.lr=inf"], r"optim.lr must be a finite number > 0"),
     (["actor_rollout_ref.actor.optim.weight_decay=-0.1"], r"optim.weight_decay"),
     (["actor_rollout_ref.rollout.agent.num_workers=0"], r"actor_rollout_ref.rollout.agent.num_workers must be >= 1"),
+    (
+        ["actor_rollout_ref.rollout.generation_timeout_s=0"],
+        r"actor_rollout_ref.rollout.generation_timeout_s must be > 0",
+    ),
     (["actor_rollout_ref.rollout.noise_level=1000"], r"actor_rollout_ref.rollout.noise_level must be in \[0, 1.414\]"),
     (
         ["actor_rollout_ref.rollout.sde_type=cps", "actor_rollout_ref.rollout.noise_level=1.2"],

@@ -23,6 +23,10 @@ DEFAULT_AGENT_LOOP = "diffusion_single_turn"
 # Generous for a busy 2-core CPU machine; vLLM-Omni's own bounds are 600 s (orchestrator) / 300 s (stage).
 DEFAULT_ENGINE_START_TIMEOUT_S = 1200.0
 ENGINE_START_TIMEOUT_KEY = f"{KEY}.engine_start_timeout_s"
+# One engine request (a prompt group) runs seconds on CPU and minutes for full-size video; a request that
+# has not finished after half an hour is lost, and the step fails naming it instead of waiting forever.
+DEFAULT_GENERATION_TIMEOUT_S = 1800.0
+GENERATION_TIMEOUT_KEY = f"{KEY}.generation_timeout_s"
 # the sampling spec's defaults: the config mirrors the spec's fields as flat keys, with the same defaults
 _SPEC = SamplingSpec()
 
@@ -74,6 +78,8 @@ class DiffusionRolloutConfig(RolloutConfig):
         server_routing (RolloutServerRoutingConfig): how requests are spread over replicas.
         engine_start_timeout_s (float): seconds a rollout engine's start may wait for its orchestrator, stages
             and (CPU) the warm-up request's output, which runs at ``height`` x ``width``, one step. Default 1200.
+        generation_timeout_s (float): seconds one engine request (one prompt group, or one sample) may take
+            before it is aborted and the step fails naming it; raise it for long videos. Default 1800.
         seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
     """
 
@@ -103,6 +109,7 @@ class DiffusionRolloutConfig(RolloutConfig):
     enable_batched_diffusion: bool = True
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
     engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S
+    generation_timeout_s: float = DEFAULT_GENERATION_TIMEOUT_S
 
     def __post_init__(self):
         super().__post_init__()
@@ -134,6 +141,8 @@ class DiffusionRolloutConfig(RolloutConfig):
             raise ValueError(f"{KEY}.val_kwargs.n must be >= 1, got {self.val_kwargs.n}")
         if not self.engine_start_timeout_s > 0:
             raise ValueError(f"{ENGINE_START_TIMEOUT_KEY} must be > 0 seconds, got {self.engine_start_timeout_s}")
+        if not self.generation_timeout_s > 0:
+            raise ValueError(f"{GENERATION_TIMEOUT_KEY} must be > 0 seconds, got {self.generation_timeout_s}")
 
     def sampling_spec(self, validate: bool = False, adapter=None, model: str = "") -> SamplingSpec:
         """The :class:`SamplingSpec` of training (``validate=False``) or validation rollouts (``val_noise_level``):

@@ -85,6 +85,20 @@ def test_zero_outputs_per_prompt_raises_before_the_engine_sees_a_request(loop, e
     assert loop.run(engine.request_batch_sizes()) == before
 
 
+def test_a_request_past_the_generation_bound_is_aborted_and_named(loop, engine, prompts):
+    # the engine holds a request DEFAULT_BATCH_WAIT_MS (500 ms) for others to batch with: 50 ms always runs out
+    bound, engine.generation_timeout_s = engine.generation_timeout_s, 0.05
+    try:
+        with pytest.raises(TimeoutError, match=r"request late .*rollout\.generation_timeout_s=0\.05 s.*aborted"):
+            generate(loop, engine, prompts, n=2, request_id="late")
+    finally:
+        engine.generation_timeout_s = bound
+    # the aborted request left nothing behind: the next one runs and matches the same seed's earlier image
+    (again,) = generate(loop, engine, prompts, request_id="after-late")
+    (first,) = generate(loop, engine, prompts, request_id="after-late-2")
+    assert torch.equal(again.diffusion_output, first.diffusion_output)
+
+
 def test_concurrent_requests_share_transformer_batches(loop, engine, prompts):
     before = len(loop.run(engine.request_batch_sizes()))
 

@@ -18,7 +18,12 @@ from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
-from verl_omni.workers.config.rollout import DEFAULT_ENGINE_START_TIMEOUT_S, ENGINE_START_TIMEOUT_KEY
+from verl_omni.workers.config.rollout import (
+    DEFAULT_ENGINE_START_TIMEOUT_S,
+    DEFAULT_GENERATION_TIMEOUT_S,
+    ENGINE_START_TIMEOUT_KEY,
+    GENERATION_TIMEOUT_KEY,
+)
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
@@ -124,6 +129,8 @@ class OmniRolloutEngine:
         engine_start_timeout_s: how long start-up may wait: the orchestrator and each stage
             (``AsyncOmni``'s ``init_timeout`` / ``stage_init_timeout``) and, on CPU, the warm-up's output
             (``actor_rollout_ref.rollout.engine_start_timeout_s``).
+        generation_timeout_s: how long one request may take before it is aborted and fails
+            (``actor_rollout_ref.rollout.generation_timeout_s``).
         engine_kwargs: further ``AsyncOmni`` keyword arguments, e.g. ``stage_configs_path`` or
             ``deploy_config`` (a multi-stage or single-stage deploy YAML), or
             ``request_batch_max_wait_ms`` (default :data:`DEFAULT_BATCH_WAIT_MS`; 0 disables the wait).
@@ -137,6 +144,7 @@ class OmniRolloutEngine:
         custom_pipeline: str | None = None,
         warmup_size: tuple[int, int] | None = None,
         engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S,
+        generation_timeout_s: float = DEFAULT_GENERATION_TIMEOUT_S,
         **engine_kwargs,
     ):
         self.model_path = model_path
@@ -146,6 +154,7 @@ class OmniRolloutEngine:
         self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
         self.adapter = adapter
         self.engine_start_timeout_s = engine_start_timeout_s
+        self.generation_timeout_s = generation_timeout_s
         self.engine_kwargs = {
             "request_batch_max_wait_ms": DEFAULT_BATCH_WAIT_MS,
             **engine_kwargs,
@@ -230,12 +239,16 @@ class OmniRolloutEngine:
         if len(stage_params) > 1:
             # a thinker stage (vLLM's input processor) needs the output modality
             prompt["modalities"] = ["image"]
-        final = None
-        engine = self._require_engine()
-        async for output in engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=stage_params):
-            # a multi-stage engine also streams the thinker's text output: keep the image stage's
-            if output.error or final is None or output.images:
-                final = output
+        try:
+            async with asyncio.timeout(self.generation_timeout_s):
+                final = await self._final_output(prompt, request_id, stage_params)
+        except TimeoutError as error:
+            await self.abort([request_id])
+            raise TimeoutError(
+                f"engine request {request_id} ({num_outputs_per_prompt} samples, {self.model_path}) did not finish "
+                f"within {GENERATION_TIMEOUT_KEY}={self.generation_timeout_s:g} s and was aborted; raise that key if "
+                "one request of this size takes longer (long videos, large groups), else the engine lost it"
+            ) from error
         if final is None:
             raise RuntimeError(f"engine returned no output for request {request_id}")
         if final.error:
@@ -249,6 +262,16 @@ class OmniRolloutEngine:
         """
         stage_ids = [i for i, is_diffusion in enumerate(self._diffusion_stages()) if is_diffusion] or None
         return await self._require_engine().collective_rpc(method=method, args=args, stage_ids=stage_ids)
+
+    async def _final_output(self, prompt: dict, request_id: str, stage_params: list[Any]):
+        """The request's last output (None if the engine streamed none)."""
+        final = None
+        engine = self._require_engine()
+        async for output in engine.generate(prompt=prompt, request_id=request_id, sampling_params_list=stage_params):
+            # a multi-stage engine also streams the thinker's text output: keep the image stage's
+            if output.error or final is None or output.images:
+                final = output
+        return final
 
     async def abort(self, request_ids: list[str]) -> None:
         await self._require_engine().abort(request_ids)

@@ -45,13 +45,14 @@ def _engine_dtype(config_dtype: str, model_path: str) -> str:
 
 
 def _engine_start_settings(config) -> dict:
-    """The engine's warm-up size (the rollout's image size) and start-up bound from a diffusion rollout
-    config; a plain verl ``RolloutConfig`` has neither and keeps the engine's defaults."""
+    """The engine's warm-up size (the rollout's image size), start-up and generation bounds from a diffusion
+    rollout config; a plain verl ``RolloutConfig`` has none of them and keeps the engine's defaults."""
     settings = {}
     if getattr(config, "height", None) and getattr(config, "width", None):
         settings["warmup_size"] = (int(config.height), int(config.width))
-    if getattr(config, "engine_start_timeout_s", None) is not None:
-        settings["engine_start_timeout_s"] = float(config.engine_start_timeout_s)
+    for key in ("engine_start_timeout_s", "generation_timeout_s"):
+        if getattr(config, key, None) is not None:
+            settings[key] = float(getattr(config, key))
     return settings
 
 
