@@ -57,3 +57,21 @@ def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks(fresh_pytho
     )
     stdout = fresh_python(code)
     assert "VerlOmniCpuPlatform VerlOmniCpuOmniPlatform" in stdout
+
+
+def test_a_cpu_process_importing_vllm_starts_no_humming_builds(fresh_python):
+    # vLLM's quantization utilities import humming, whose import starts its builds as subprocesses (recorded
+    # here as they start: they end within seconds); on the CPU platform those builds stay off
+    code = (
+        "import os, subprocess\n"
+        "os.environ.pop('HUMMING_DISABLE_PARALLEL_BUILD', None)\n"
+        "started, popen_init = [], subprocess.Popen.__init__\n"
+        "def record(self, args, *a, **k):\n"
+        "    started.append(' '.join(map(str, args)) if isinstance(args, list) else str(args))\n"
+        "    popen_init(self, args, *a, **k)\n"
+        "subprocess.Popen.__init__ = record\n"
+        "from vllm_omni.entrypoints.async_omni import AsyncOmni\n"
+        "import humming\n"
+        "print('humming builds:', [c for c in started if 'humming' in c])\n"
+    )
+    assert "humming builds: []" in fresh_python(code)

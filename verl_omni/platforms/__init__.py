@@ -56,7 +56,23 @@ def vllm_platform_plugin() -> str | None:
 
     enabled = cpu_platform_enabled()
     quiet_third_party_output(cpu_platform=enabled)
+    if enabled:
+        _skip_humming_background_builds()
     return VLLM_CPU_PLATFORM if enabled else None
+
+
+# humming-kernels 0.1 (vLLM's quantized-GEMM package, imported by vLLM's quantization utilities in every
+# vLLM process) starts two Python processes at import that build its CUDA launcher and NVRTC binary; without
+# CUDA both fail after ~4 CPU-seconds each, in every engine worker, server and agent-loop process. Nothing on
+# the CPU platform uses those kernels. Its own switch turns the background builds off (a build then happens
+# on first use only); remove this once humming builds lazily.
+HUMMING_BACKGROUND_BUILD_SWITCH = "HUMMING_DISABLE_PARALLEL_BUILD"
+
+
+def _skip_humming_background_builds() -> None:
+    """Turn humming's import-time background builds off in this process and the ones it starts (a value
+    the user set is kept)."""
+    os.environ.setdefault(HUMMING_BACKGROUND_BUILD_SWITCH, "1")
 
 
 def omni_platform_plugin() -> str | None:
