@@ -68,14 +68,13 @@ def masked_step_loss(
     Returns ``(loss, metrics)``; with no kept row, a zero connected to the replay's graph (so that the
     backward runs the same FSDP collectives as on the other ranks) and no metrics.
     """
-    rows = torch.nonzero(keep.to(torch.bool).cpu(), as_tuple=False).flatten()
+    rows = torch.nonzero(keep.to(torch.bool), as_tuple=False).flatten()
     if len(rows) == 0:
         grads = [v.sum() for v in replayed if isinstance(v, torch.Tensor) and v.requires_grad]
         if not grads:
             raise RuntimeError(f"{type(replayed).__name__} carries no tensor with gradients to back-propagate")
         return 0.0 * torch.stack(grads).sum(), {}
-    device_rows = rows.to(keep.device)
-    return loss_function(select_rows(replayed, device_rows), micro_batch[device_rows], step)
+    return loss_function(select_rows(replayed, rows), micro_batch[rows], step)
 
 
 def step_loss_weight(kept: int, kept_global: int, dp_size: int, num_steps: int) -> float:

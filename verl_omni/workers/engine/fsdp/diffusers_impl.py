@@ -242,6 +242,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         """
         weight, keep = weighting
         micro_batch = micro_batch.to(get_device_id())
+        keep = None if keep is None else micro_batch[SAMPLE_MASK_KEY]
         per_step: dict[str, list[torch.Tensor]] = {}
         for step in steps:
             last = is_last and step == steps[-1]
