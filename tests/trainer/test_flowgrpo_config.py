@@ -115,6 +115,35 @@ def test_algorithm_the_model_does_not_support_is_refused_before_ray_naming_both(
     assert not ray.is_initialized()
 
 
+@pytest.mark.parametrize("algorithm", ["flow_grpo", "grpo_guard", "diffusion_nft"])
+def test_drop_zero_std_groups_from_the_command_line_reaches_the_trainer_and_the_actor(compose, algorithm, tmp_path):
+    from verl_omni.trainer.config.preflight import check_config
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
+
+    nft = ["actor_rollout_ref.rollout.noise_level=0", "actor_rollout_ref.rollout.true_cfg_scale=1.0"]
+    sampler = nft if algorithm == "diffusion_nft" else []
+    for value in (False, True):
+        config = compose(f"algorithm={algorithm}", f"algorithm.drop_zero_std_groups={str(value).lower()}", *sampler)
+        check_config(config)  # the key is one of every algorithm's, not only the default's
+        configs = validate_config(config)
+        trainer = RayFlowGRPOTrainer(config, configs)
+        trainer.run_dir.lock.release()  # the next construction locks the same directory
+        # the trainer sends the mask to the actor's update, whose worker gets configs.algorithm (_init_actor)
+        assert configs.algorithm.name == algorithm and trainer.configs.algorithm.drop_zero_std_groups is value
+        assert (SAMPLE_MASK_KEY in trainer.update_keys) is value
+        assert trainer.update_keys[: len(trainer.loss_keys)] == trainer.loss_keys
+
+
+def test_drop_zero_std_groups_must_be_a_bool_in_every_algorithm():
+    from verl_omni.trainer.algorithms import algorithm_config_from
+
+    for name in ("flow_grpo", "dance_grpo", "mix_grpo", "grpo_guard", "diffusion_nft"):
+        with pytest.raises(ValueError, match="algorithm.drop_zero_std_groups must be true or false"):
+            algorithm_config_from({"name": name, "drop_zero_std_groups": "yes"})
+
+
 def test_builtin_paths_resolve_to_built_files(tmp_path):
     from omegaconf import OmegaConf
 

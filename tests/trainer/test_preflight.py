@@ -87,6 +87,9 @@ BAD_VALUES = [
     (["+trainer.save_frequency=5"], r"trainer.save_frequency is not a config key \(did you mean 'save_freq'\?\)"),
     (["+actor_rollout_ref.rollout.noise_levle=0.5"], r"did you mean 'noise_level'"),
     (["trainer=3"], r"trainer is a group of keys"),
+    # a key every algorithm has, checked for a non-default algorithm too
+    (["algorithm=grpo_guard", "algorithm.drop_zero_std_groups=maybe"], r"algorithm.drop_zero_std_groups must be true"),
+    (["algorithm=dance_grpo", "+algorithm.drop_zero_std_group=true"], r"did you mean 'drop_zero_std_groups'"),
 ]
 
 

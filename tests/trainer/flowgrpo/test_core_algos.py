@@ -125,3 +125,17 @@ def test_registries_resolve_names_and_list_choices_on_a_miss():
         register_adv_est("flow_grpo")(lambda *a: None)
     with pytest.raises(TypeError):
         register_adv_est("not_callable")(42)
+
+
+def test_zero_std_groups_marks_groups_of_equal_rewards_exactly_and_counts_their_share():
+    from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
+
+    # groups interleaved; 0.1 three times has a rounded mean != 0.1 but is still a group of equal rewards
+    scores = torch.tensor([0.1, 1.0, 0.1, 0.0, 0.1, 1.0, 7.0])
+    uids = ["tenth", "binary", "tenth", "binary", "tenth", "ones", "single"]
+    zero_std, frac = zero_std_groups(scores, uids)
+    assert zero_std.tolist() == [True, False, True, False, True, True, True]
+    assert frac == pytest.approx(3 / 4)
+    assert zero_std_groups(torch.tensor([1.0, 0.0]), ["a", "a"])[1] == 0.0
+    with pytest.raises(ValueError, match="index"):
+        zero_std_groups(scores, uids[:3])

@@ -56,6 +56,9 @@ ALGORITHM_OVERRIDES = {
 GROUP_SIZE = 2
 # made-up rewards: within each prompt group one sample better than the other
 REWARDS = (0.9, 0.1, 0.2, 0.6)
+# with algorithm.drop_zero_std_groups=true: the second group's rewards are equal, so it leaves the update (its
+# micro-batch keeps no row and back-propagates a zero through the algorithm's replay)
+REWARDS_ONE_EQUAL_GROUP = (0.9, 0.1, 0.5, 0.5)
 # metrics that are 0 when the update's first replay runs the policy the old outputs came from (one mini-batch:
 # no optimizer step before it), with the tolerance of each device's compute dtype
 ON_POLICY_METRICS = ("ratio_max_abs_dev", "ratio_mean_bias", "logprob_diff_max", "old_deviate_max")
@@ -74,7 +77,7 @@ def prompts(tmp_path_factory):
     return ensure_tiny_prompts(tmp_path_factory.mktemp("prompts"))
 
 
-def validated_configs(name: str, model_path, prompts, run_dir):
+def validated_configs(name: str, model_path, prompts, run_dir, drop_zero_std_groups: bool = False):
     """The run's validated configs for ``algorithm=<name>`` composed by Hydra, as the command line would."""
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.utils.config import compose_config
@@ -87,6 +90,7 @@ def validated_configs(name: str, model_path, prompts, run_dir):
         "trainer.default_local_dir": run_dir,
         **TINY_RUN,
         **ALGORITHM_OVERRIDES.get(name, {}),
+        "algorithm.drop_zero_std_groups": str(drop_zero_std_groups).lower(),
     }
     return validate_config(
         compose_config("flowgrpo_trainer", [f"algorithm={name}"] + [f"{k}={v}" for k, v in values.items()])
@@ -178,15 +182,18 @@ def check_sampler_invariants(recorded: dict[str, torch.Tensor], spec) -> None:
         assert not torch.equal(first[0], first[GROUP_SIZE]), "two prompt groups started from the same noise"
 
 
+@pytest.mark.parametrize("drop_zero_std_groups", [False, True], ids=["all_groups", "drop_zero_std_groups"])
 @pytest.mark.parametrize("name", registered_algorithms())
 def test_one_update_of_each_algorithm_on_its_own_rollout(
-    name, device_process_group, sampler, tiny_pipeline, tiny_qwen_image_path, prompts, tmp_path
+    name, drop_zero_std_groups, device_process_group, sampler, tiny_pipeline, tiny_qwen_image_path, prompts, tmp_path
 ):
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
     from verl_omni.workers.utils.replay import get_replay
+    from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
     device = device_process_group
-    configs = validated_configs(name, tiny_qwen_image_path, prompts, tmp_path / "run")
+    configs = validated_configs(name, tiny_qwen_image_path, prompts, tmp_path / "run", drop_zero_std_groups)
     algorithm = configs.algorithm_cls
     spec = configs.rollout.sampling_spec(adapter=QwenImageTrainingAdapter)
     pipe, prompt, negative = tiny_pipeline
@@ -196,7 +203,8 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
 
     # the advantage: the algorithm's estimator on made-up rewards, prompt groups of GROUP_SIZE
     uids = [i // GROUP_SIZE for i in range(len(REWARDS))]
-    advantages = algorithm.compute_advantage(torch.tensor(REWARDS), uids, configs.algorithm)
+    rewards = torch.tensor(REWARDS_ONE_EQUAL_GROUP if drop_zero_std_groups else REWARDS)
+    advantages = algorithm.compute_advantage(rewards, uids, configs.algorithm)
     assert advantages.shape == (len(REWARDS),) and bool(torch.isfinite(advantages).all())
     assert bool((advantages != 0).any()), f"{name}: made-up rewards with spread gave all-zero advantages"
 
@@ -206,6 +214,12 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     missing = [k for k in replay_keys if k not in recorded]
     assert not missing, f"{name}: the rollout recorded no {missing} (spec {spec})"
     batch = TensorDict({k: recorded[k] for k in replay_keys} | {"advantages": advantages}, batch_size=[len(REWARDS)])
+    # the trainer's adv phase: the mask of the samples outside equal-reward groups
+    update_keys = ()
+    if configs.algorithm.drop_zero_std_groups:
+        batch[SAMPLE_MASK_KEY] = ~zero_std_groups(rewards, uids)[0]
+        assert batch[SAMPLE_MASK_KEY].tolist() == [True, True, False, False]
+        update_keys = (SAMPLE_MASK_KEY,)
     if algorithm.uses_log_probs:
         batch["rollout_log_probs"] = recorded["rollout_log_probs"]
 
@@ -227,7 +241,7 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
         batch["ref_prev_sample_mean"] = actor.compute_ref_prev_sample_mean(batch, actor_spec)
     loss_keys = actor.loss_fn.required_keys
     assert set(loss_keys) <= set(batch.keys()), f"{name}: the declared phases left {set(loss_keys) - set(batch.keys())}"
-    batch = batch.select(*dict.fromkeys(replay_keys + tuple(loss_keys)))
+    batch = batch.select(*dict.fromkeys(replay_keys + tuple(loss_keys) + update_keys))
 
     lora_before = {k: v.clone() for k, v in actor.engine.lora_state_dict().items()}
     metrics = actor.update_policy(batch, actor_spec)
@@ -241,6 +255,8 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     for key in ON_POLICY_METRICS:
         if f"actor/{key}" in metrics:
             assert abs(metrics[f"actor/{key}"]) < ON_POLICY_ATOL[device.type], f"{name}: {key} off-policy"
+    if drop_zero_std_groups:
+        assert metrics["actor/skipped_mini_batches"] == 0  # one mini-batch of 4, two rows kept
     if phases.old_policy_adapter:
         # one update = one optimizer step here; the old adapter's EMA took the algorithm's decay after it
         assert metrics["actor/old_policy_decay"] == algorithm.old_policy_decay(configs.algorithm, 1)

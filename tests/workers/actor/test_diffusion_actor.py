@@ -73,3 +73,65 @@ def test_bf16_base_keeps_fp32_lora_master_weights(process_group, tiny_qwen_image
     batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
     actor.update_policy(batch, spec)
     assert any(not torch.equal(before[n], lora[n].detach().full_tensor()) for n in before)
+
+
+def _gradient(actor, batch, spec) -> dict[str, torch.Tensor]:
+    """The LoRA's accumulated gradient of one mini-batch (the engine's forward/backward, no optimizer step)."""
+    engine = actor.engine
+    engine.optimizer_zero_grad()
+    # the train mode zeroes the gradients on exit: read them inside
+    with engine.train_mode():
+        engine.forward_backward_batch(actor._prepare(batch, spec), actor.loss_fn)
+        params = engine.module.named_parameters()
+        return {n: p.grad.full_tensor().clone() for n, p in params if p.grad is not None}
+
+
+def test_sample_mask_trains_on_the_kept_samples_as_if_the_others_were_not_there(
+    process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+):
+    """``algorithm.drop_zero_std_groups``' mask on the real engine: the gradient of a masked mini-batch equals
+    the gradient of the kept rows alone, and a mask keeping every row changes nothing."""
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    # random lora_B: both LoRA factors get gradients
+    actor = _actor(tiny_qwen_image_path, lora_init=False, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2)
+    batch = _batch(rec, torch.tensor([1.0, -1.0, 0.5, -2.0]))
+    batch["old_log_probs"] = rec["rollout_log_probs"]
+    # rows 1 and 3 left out: one kept row in each micro-batch, so the weights across micro-batches matter
+    keep = torch.tensor([True, False, True, False])
+    kept_alone = _gradient(actor, batch[torch.tensor([0, 2])], spec)
+    masked = _gradient(actor, batch.clone().set("sample_mask", keep), spec)
+    every = _gradient(actor, batch, spec)
+    every_masked = _gradient(actor, batch.clone().set("sample_mask", torch.ones(4, dtype=torch.bool)), spec)
+    assert kept_alone and set(masked) == set(kept_alone)
+    for name, grad in kept_alone.items():
+        torch.testing.assert_close(masked[name], grad, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(every_masked[name], every[name], rtol=1e-5, atol=1e-8)
+    # the left-out rows had advantages of their own: without the mask the gradient differs
+    assert any(not torch.allclose(every[n], kept_alone[n], rtol=1e-3, atol=1e-6) for n in kept_alone)
+
+
+def test_drop_zero_std_groups_skips_empty_mini_batches_and_refuses_a_batch_that_keeps_nothing(
+    process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+):
+    from verl_omni.pipelines.sampling import SamplingSpec
+    from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    algorithm = FlowGRPOAlgoConfig(drop_zero_std_groups=True)
+    actor = _actor(tiny_qwen_image_path, algorithm_config=algorithm, ppo_mini_batch_size=2, shuffle=False)
+    batch = _batch(rec, torch.tensor([0.0, 0.0, 1.0, -1.0]))
+    batch["old_log_probs"] = rec["rollout_log_probs"]
+    with pytest.raises(KeyError, match="sample_mask"):
+        actor.update_policy(batch, spec)
+    with pytest.raises(ValueError, match="keeps no sample on any rank"):
+        actor.update_policy(batch.clone().set("sample_mask", torch.zeros(4, dtype=torch.bool)), spec)
+    assert not actor.engine.optimizer.state  # neither call stepped
+    # the first mini-batch (rows 0, 1: an equal-reward group) is skipped: one optimizer step, for rows 2, 3
+    metrics = actor.update_policy(batch.clone().set("sample_mask", torch.tensor([False, False, True, True])), spec)
+    assert metrics["actor/skipped_mini_batches"] == 1
+    assert {int(state["step"]) for state in actor.engine.optimizer.state.values()} == {1}
+    assert 0 < metrics["actor/grad_norm"] < float("inf") and abs(metrics["actor/pg_loss"]) > 0

@@ -88,6 +88,18 @@ def test_micro_batches_accumulate_the_same_gradient(two_rank):
     assert results["micro_batch_step_max_diff"] <= 1e-5 * results["micro_batch_step_max_abs"] + 1e-9
 
 
+def test_sample_mask_over_two_ranks_steps_as_the_kept_rows_alone(two_rank):
+    """``algorithm.drop_zero_std_groups``: one rank keeps no row; the collectives still match (no hang), its
+    missing loss metrics are reduced over the other rank's, and the step is the kept rows' step."""
+    results, _ = two_rank
+    assert results["mask_step_max_abs"] > 0
+    assert results["mask_step_max_diff"] <= 1e-5 * results["mask_step_max_abs"] + 1e-9
+    masked = results["metrics_masked"]
+    assert masked["actor/skipped_mini_batches"] == 0
+    for key in ("actor/pg_loss", "actor/ratio_mean", "actor/grad_norm"):
+        assert masked[key] == pytest.approx(results["metrics_kept_alone"][key], rel=1e-4)
+
+
 def test_checkpoint_resume_gives_identical_outputs(two_rank):
     results, _ = two_rank
     torch.testing.assert_close(results["resumed_log_probs"], results["new_log_probs_pos"], rtol=0, atol=0)

@@ -19,7 +19,9 @@ from tensordict import TensorDict
 LR = 1e-2
 
 
-def build_engine(model_path: str, micro_batch: int = 1, optimizer: str = "AdamW"):
+def build_engine(
+    model_path: str, micro_batch: int = 1, optimizer: str = "AdamW", mini_batch: int = 4, algorithm_config=None
+):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -36,9 +38,9 @@ def build_engine(model_path: str, micro_batch: int = 1, optimizer: str = "AdamW"
     engine = EngineRegistry.new("diffusion_model", "fsdp2", model, engine_config, optim, CheckpointConfig())
     engine.initialize()
     actor_config = DiffusionActorConfig(
-        ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=micro_batch, clip_ratio=0.2, kl_beta=0.0
+        ppo_mini_batch_size=mini_batch, ppo_micro_batch_size_per_gpu=micro_batch, clip_ratio=0.2, kl_beta=0.0
     )
-    return engine, DiffusionActor(engine, actor_config)
+    return engine, DiffusionActor(engine, actor_config, algorithm_config)
 
 
 def gather(t: torch.Tensor) -> torch.Tensor:
@@ -55,6 +57,13 @@ def local_batch(rec: dict, advantages: torch.Tensor) -> TensorDict:
     fields = {k: rec[k].chunk(world)[rank] for k in keys}
     fields["advantages"] = advantages.chunk(world)[rank]
     return TensorDict(fields, batch_size=[fields["all_latents"].shape[0]])
+
+
+def _rows(rec: dict, count: int, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The first ``count`` rows of the recorded batch (every rank's view) with ``advantages``."""
+    keys = ("all_latents", "all_timesteps", "prompt_embeds", "prompt_embeds_mask")
+    keys += ("negative_prompt_embeds", "negative_prompt_embeds_mask")
+    return {k: rec[k][:count] for k in keys} | {"advantages": advantages}
 
 
 def lora_params(engine) -> dict[str, torch.Tensor]:
@@ -128,6 +137,32 @@ def main(recorded: str, model_path: str, out_dir: str) -> None:
         del engine, actor
     results["micro_batch_step_max_abs"] = max(v.abs().max().item() for v in steps[0].values())
     results["micro_batch_step_max_diff"] = max((steps[0][k] - steps[1][k]).abs().max().item() for k in steps[0])
+
+    # 6. algorithm.drop_zero_std_groups: rank 1's rows are all left out (it back-propagates zeros and reports no
+    # loss metric); the SGD step equals the step on the kept rows alone, spread one per rank
+    from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
+
+    keep = torch.tensor([True, True] + [False] * (size - 2))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    kept_alone = {k: v.chunk(world)[rank] for k, v in _rows(rec, 2, torch.tensor([1.0, -1.0])).items()}
+    runs = {
+        "masked": (mixed.clone().set("sample_mask", keep.chunk(world)[rank]), 4, True),
+        "kept_alone": (TensorDict(kept_alone, batch_size=[2 // world]), 2, False),
+    }
+    steps = {}
+    for name, (batch, mini, drop) in runs.items():
+        algorithm = FlowGRPOAlgoConfig(drop_zero_std_groups=drop)
+        engine, actor = build_engine(model_path, optimizer="SGD", mini_batch=mini, algorithm_config=algorithm)
+        before = lora_params(engine)
+        batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+        results[f"metrics_{name}"] = actor.update_policy(batch, spec)
+        after = lora_params(engine)
+        steps[name] = {k: after[k] - before[k] for k in after}
+        del engine, actor
+    results["mask_step_max_abs"] = max(v.abs().max().item() for v in steps["kept_alone"].values())
+    results["mask_step_max_diff"] = max(
+        (steps["masked"][k] - steps["kept_alone"][k]).abs().max().item() for k in steps["masked"]
+    )
 
     if dist.get_rank() == 0:
         torch.save(results, out / "results.pt")

@@ -44,14 +44,24 @@ REDUCTIONS = ("mean", "sum", "max", "min")
 
 @dataclass
 class AlgorithmConfig(BaseConfig):
-    """Base of every ``algorithm`` node: the algorithm's registered name; subclasses add their keys.
+    """Base of every ``algorithm`` node: the algorithm's registered name and the keys every algorithm has;
+    subclasses add their keys (and call ``super().__post_init__()``).
 
     Args:
         name (str): the registered algorithm (``flow_grpo``, ``grpo_guard``, ...); the Hydra group
             ``algorithm=<name>`` sets it together with the algorithm's other keys.
+        drop_zero_std_groups (bool): leave the samples of prompt groups whose rewards are all equal out of
+            the update: the loss is the mean over the other samples (default False: over all samples, the
+            equal groups adding zero-advantage terms). A step where every group is such a group makes no
+            update. The Flow-GRPO authors' training script filters them (``docs/algorithms.md``).
     """
 
     name: str = DEFAULT_ALGORITHM
+    drop_zero_std_groups: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.drop_zero_std_groups, bool):
+            raise ValueError(f"algorithm.drop_zero_std_groups must be true or false, got {self.drop_zero_std_groups!r}")
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class DanceGRPOConfig(AlgorithmConfig):
     seed: int = 0
 
     def __post_init__(self):
+        super().__post_init__()
         for key in ("epsilon", "adv_clip_max"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")

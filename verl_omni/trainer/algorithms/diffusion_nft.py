@@ -62,6 +62,7 @@ class DiffusionNFTConfig(AlgorithmConfig):
     decay_max: float = 0.5
 
     def __post_init__(self):
+        super().__post_init__()
         for key in ("beta", "epsilon", "adv_clip_max"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")

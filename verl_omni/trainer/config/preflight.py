@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 DEFAULTS_FILE = Path(__file__).resolve().parent / "_generated_flowgrpo_trainer.yaml"
 # the Hydra group ``algorithm=<name>``: one node file per algorithm
 ALGORITHM_DIR = Path(__file__).resolve().parent / "algorithm"
+# the trainer's YAML: its ``algorithm`` node holds the keys every algorithm has (``AlgorithmConfig``)
+TRAINER_FILE = Path(__file__).resolve().parent / "flowgrpo_trainer.yaml"
 # nodes whose keys are passed through to a callee (``ray.init`` keyword arguments), not a dataclass
 FREE_FORM_NODES = ("ray_kwargs.ray_init",)
 # seconds an endpoint may take to answer the preflight request
@@ -68,15 +70,18 @@ def with_algorithm_node(defaults: DictConfig, config: DictConfig) -> DictConfig:
     """The default tree with the ``algorithm`` node of the run's algorithm (``algorithm/<name>.yaml``).
 
     The generated tree holds the default algorithm's node; another algorithm (``algorithm=<name>``) has keys of
-    its own. An algorithm without a YAML here (installed from another package) is checked by its dataclass.
+    its own on top of the keys every algorithm has (the trainer YAML's ``algorithm`` node). An algorithm without
+    a YAML here (installed from another package) is checked by its dataclass.
     """
     name = OmegaConf.select(config, "algorithm.name", default=None)
     if name is None or name == OmegaConf.select(defaults, "algorithm.name", default=None):
         return defaults
     defaults = defaults.copy()
     node_file = ALGORITHM_DIR / f"{name}.yaml"
-    # the node files are global (``# @package _global_``): their ``algorithm`` node, and rollout keys the tree has
-    defaults.algorithm = OmegaConf.load(node_file).algorithm if node_file.is_file() else {}
+    # the node files are global (``# @package _global_``): their ``algorithm`` node, and rollout keys the tree has;
+    # without one the node stays free-form (an empty node: its dataclass checks the keys)
+    own = OmegaConf.load(node_file).algorithm if node_file.is_file() else None
+    defaults.algorithm = OmegaConf.merge(OmegaConf.load(TRAINER_FILE).algorithm, own) if own is not None else {}
     return defaults
 
 

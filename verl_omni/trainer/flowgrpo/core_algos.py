@@ -30,6 +30,36 @@ def _group_ids(index: Sequence, batch_size: int) -> np.ndarray:
     return ids
 
 
+def zero_std_groups(scores: torch.Tensor, index: Sequence) -> tuple[torch.Tensor, float]:
+    """Which samples belong to a prompt group whose rewards are all equal, and the share of such groups.
+
+    Such a group carries no learning signal: every group-normalized advantage of it is 0 (up to the
+    rounding of its mean). "All equal" is exact equality (max == min), not ``std == 0`` of a rounded
+    mean; a group of one sample counts (there is nothing to compare it with).
+
+    Args:
+        scores (`torch.Tensor`, ``[B]``): one reward per sample.
+        index (sequence of length B): group id of each sample (the prompt's ``uid``); groups need not be contiguous.
+
+    Returns:
+        ``(zero_std, group_frac)``: `torch.BoolTensor` ``[B]`` (True for the samples of such groups, on
+        ``scores``' device) and the share of the batch's groups that are such groups.
+    """
+    if scores.ndim != 1:
+        raise ValueError(f"scores must be 1-D [B], got shape {tuple(scores.shape)}")
+    ids = _group_ids(index, len(scores))
+    r = scores.detach().cpu()
+    zero_std = torch.zeros(len(r), dtype=torch.bool)
+    groups = dict.fromkeys(ids.tolist())
+    flat = 0
+    for gid in groups:
+        members = torch.as_tensor(np.flatnonzero(ids == gid))
+        equal = bool(r[members].max() == r[members].min())
+        zero_std[members] = equal
+        flat += equal
+    return zero_std.to(scores.device), flat / max(len(groups), 1)
+
+
 @register_adv_est("flow_grpo")
 def compute_flow_grpo_advantage(
     scores: torch.Tensor,

@@ -39,10 +39,12 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.trainer.config.validation import FlowGRPOConfigs
+from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
 from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.workers.utils.replay import get_replay
+from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -77,6 +79,9 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.use_reference_policy, self.recompute_old_log_prob = phases.reference, phases.old_log_prob
         self.old_outputs = list(phases.old_outputs)
         self.loss_keys = self.algorithm.build_loss(configs.actor, configs.algorithm).required_keys
+        # groups whose rewards are all equal leave the update: the actor gets a per-sample mask (docs/algorithms.md)
+        self.drop_zero_std_groups = configs.algorithm.drop_zero_std_groups
+        self.update_keys = self.loss_keys + ((SAMPLE_MASK_KEY,) if self.drop_zero_std_groups else ())
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
         # what the actor replays (docs/actor.md, batch format): the recorded trajectory and the model's conditioning
@@ -337,13 +342,16 @@ class RayFlowGRPOTrainer(PPOTrainer):
         scores = batch.batch["rm_scores"].float()
         uids = batch.non_tensor_batch["uid"]
         batch.batch["advantages"] = self.algorithm.compute_advantage(scores, uids, self.configs.algorithm)
-        groups = scores.view(-1, self.n)
+        zero_std, zero_std_frac = zero_std_groups(scores, uids)
+        if self.drop_zero_std_groups:
+            batch.batch[SAMPLE_MASK_KEY] = ~zero_std.cpu()
         metrics.update(
             {
                 "critic/score/mean": scores.mean().item(),
                 "critic/score/max": scores.max().item(),
                 "critic/score/min": scores.min().item(),
-                "critic/score/zero_std_group_frac": (groups.std(dim=1) == 0).float().mean().item(),
+                "critic/score/zero_std_group_frac": zero_std_frac,
+                "critic/score/zero_std_samples_dropped": float(zero_std.sum()) if self.drop_zero_std_groups else 0.0,
                 "critic/advantages/mean": batch.batch["advantages"].mean().item(),
                 "critic/advantages/max": batch.batch["advantages"].max().item(),
                 "critic/advantages/min": batch.batch["advantages"].min().item(),
@@ -352,8 +360,14 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means)
-        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, self.loss_keys))
+        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error)."""
+        skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
+        metrics["critic/score/zero_std_update_skipped"] = float(skip)
+        if skip:
+            logger.warning("step %d: every prompt group's rewards are equal: no update", self.global_steps)
+            return batch
+        # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means), and the mask
+        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, self.update_keys))
         metrics.update(reduce_metrics(output.meta_info["metrics"]))  # per rank, equal (reduced over ranks)
         return batch
 

@@ -6,12 +6,15 @@ per mini-batch, gradients accumulated over micro-batches × replayed steps insid
 The loss and the rollout record are the algorithm's (``algorithm=<name>``); every metric the loss
 returns is reduced with the reduction it declares (``AlgorithmLoss.metric_reductions``, mean when
 not declared) over steps, mini-batches and the data-parallel ranks, so every rank returns the same
-numbers.
+numbers. With ``algorithm.drop_zero_std_groups`` the batch carries a ``sample_mask``: the engine trains
+on the kept samples only (:mod:`~verl_omni.workers.utils.sample_mask`), and a mini-batch with no kept
+sample on any rank is skipped (no optimizer step; ``actor/skipped_mini_batches``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import nullcontext
 
 import torch
@@ -24,11 +27,12 @@ from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY, SAMPLING_SPEC_KEY
 from verl_omni.workers.utils.losses import default_algorithm_config
+from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY, global_kept_count
 
 logger = logging.getLogger(__name__)
 
-# the actor's own metrics (the engine's), reduced like the loss's
-ENGINE_METRIC_REDUCTIONS = {"grad_norm": "mean"}
+# the actor's own metrics (the engine's, and mini-batches skipped for want of kept samples), reduced like the loss's
+ENGINE_METRIC_REDUCTIONS = {"grad_norm": "mean", "skipped_mini_batches": "max"}
 # what the non-tensor part of a batch carries to the engine, copied onto every mini-batch
 NON_TENSOR_KEYS = (SAMPLING_SPEC_KEY, MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY)
 
@@ -49,6 +53,8 @@ class DiffusionActor:
         # the old policy as an EMA adapter (the engine holds it) and the optimizer steps its decay counts
         self.old_policy_adapter = algorithm.phases(algorithm_config, config).old_policy_adapter
         self.optimizer_steps = 0
+        # the trainer sends a sample_mask and the update trains on its kept samples only
+        self.drop_zero_std_groups = algorithm_config.drop_zero_std_groups
         self.metric_reductions = {**ENGINE_METRIC_REDUCTIONS, **self.loss_fn.metric_reductions}
 
     def _prepare(self, data: TensorDict, spec: SamplingSpec) -> TensorDict:
@@ -83,12 +89,18 @@ class DiffusionActor:
         size = data.batch_size[0]
         if size % local:
             raise ValueError(f"local batch {size} must divide by actor.ppo_mini_batch_size / dp = {local}")
+        if self.drop_zero_std_groups:
+            self._check_sample_mask(data)
         data = self._prepare(data, spec)
         lr = self.engine.optimizer.param_groups[0]["lr"]
         collected: dict[str, list[float]] = {}
+        skipped = 0
         with self.engine.train_mode():
             for epoch in range(self.config.ppo_epochs):
                 for mini_batch in self._mini_batches(data, local, epoch):
+                    if self.drop_zero_std_groups and not self._kept_anywhere(mini_batch):
+                        skipped += 1
+                        continue
                     out = self.engine.train_batch(mini_batch, self.loss_fn)
                     self.optimizer_steps += 1
                     metrics = dict(out["metrics"])
@@ -98,12 +110,30 @@ class DiffusionActor:
                     for key, values in metrics.items():
                         collected.setdefault(key, []).extend(values if isinstance(values, list) else [values])
             decay = self._update_old_policy() if self.old_policy_adapter else None
+        if self.drop_zero_std_groups:
+            collected["skipped_mini_batches"] = [float(skipped)]
         self.engine.lr_scheduler_step()
         reduced = _reduce_over_ranks(collected, self.metric_reductions)
         reduced["lr"] = lr
         if decay is not None:
             reduced["old_policy_decay"] = decay
         return {f"actor/{key}": value for key, value in reduced.items()}
+
+    def _check_sample_mask(self, data: TensorDict) -> None:
+        """The trainer's mask is there and keeps a sample somewhere (it skips the update of a step that keeps none)."""
+        if SAMPLE_MASK_KEY not in data.keys():
+            raise KeyError(
+                f"algorithm.drop_zero_std_groups=true: the update batch lacks {SAMPLE_MASK_KEY!r} (the trainer's "
+                "adv phase sets it)"
+            )
+        if global_kept_count(data[SAMPLE_MASK_KEY], self.engine.get_data_parallel_group()) == 0:
+            raise ValueError(
+                f"algorithm.drop_zero_std_groups=true: {SAMPLE_MASK_KEY} keeps no sample on any rank; the trainer "
+                "skips the update of such a step instead of calling it"
+            )
+
+    def _kept_anywhere(self, mini_batch: TensorDict) -> bool:
+        return global_kept_count(mini_batch[SAMPLE_MASK_KEY], self.engine.get_data_parallel_group()) > 0
 
     def _update_old_policy(self) -> float:
         """The old-policy adapter's soft update after this update's optimizer steps; returns its decay."""
@@ -127,15 +157,21 @@ class DiffusionActor:
 def _reduce_over_ranks(collected: dict[str, list[float]], reductions: dict[str, str]) -> dict[str, float]:
     """Each metric's values of every rank reduced as ``reductions`` declares (mean when it does not).
 
-    Every rank must report the same metric names (the collectives are positional).
+    A rank may lack a metric another reports (with a ``sample_mask``, a rank whose micro-batches kept no
+    sample reports no loss metric): the names are gathered first and the collectives run over their union.
     """
-    keys = sorted(collected)
+    keys = set(collected)
+    if dist.is_initialized():
+        names: list = [None] * dist.get_world_size()
+        dist.all_gather_object(names, sorted(keys))
+        keys = set().union(*names)
+    keys = sorted(keys)
     device = get_device_id()
-    values = [collected[k] for k in keys]
+    values = [collected.get(k, []) for k in keys]
     sums = torch.tensor([sum(v) for v in values], dtype=torch.float64, device=device)
     counts = torch.tensor([len(v) for v in values], dtype=torch.float64, device=device)
-    maxes = torch.tensor([max(v) for v in values], dtype=torch.float64, device=device)
-    mins = torch.tensor([min(v) for v in values], dtype=torch.float64, device=device)
+    maxes = torch.tensor([max(v, default=-math.inf) for v in values], dtype=torch.float64, device=device)
+    mins = torch.tensor([min(v, default=math.inf) for v in values], dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(sums)
         dist.all_reduce(counts)

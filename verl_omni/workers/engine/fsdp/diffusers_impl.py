@@ -13,8 +13,9 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
 * ``forward_backward_batch``: micro-batches × replayed steps, one backward per (micro-batch,
   step) so that only one step's activations are alive, each weighted so the accumulated
-  gradient is that of the mean loss over all (sample, step) pairs of the mini-batch; what a step
-  is comes from the replay of the algorithm's rollout record, which steps are trained from the loss;
+  gradient is that of the mean loss over all (sample, step) pairs of the mini-batch (over the kept
+  samples only when the batch carries a ``sample_mask``, :mod:`~verl_omni.workers.utils.sample_mask`);
+  what a step is comes from the replay of the algorithm's rollout record, which steps are trained from the loss;
 * checkpoints (LoRA in diffusers' ``load_lora_weights`` format + per-rank optimizer, LR
   schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy);
 * with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
@@ -38,6 +39,12 @@ from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.engine.fsdp import checkpoint, old_adapter
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
+from verl_omni.workers.utils.sample_mask import (
+    SAMPLE_MASK_KEY,
+    global_kept_count,
+    masked_step_loss,
+    step_loss_weight,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +196,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         (``loss_function.replay_steps``, default all). ``loss_function(replayed, micro_batch, step) -> (loss,
         metrics)``. The loss of a micro-batch of b samples at one step is weighted b / (B·S) for S replayed
         steps, so the accumulated gradient is that of the mean over the B local samples × S steps (FSDP then
-        averages over ranks).
+        averages over ranks). When training on a batch with a ``sample_mask`` ``[B]`` the loss sees only the
+        kept rows and is weighted so that the gradient is the mean over the mini-batch's kept samples of all
+        ranks (:mod:`~verl_omni.workers.utils.sample_mask`); every row is still replayed.
 
         Returns:
             the replay's per-step outputs stacked to ``[B, S, ...]`` (an SDE window: ``log_probs`` ``[B, S]``,
@@ -204,13 +213,20 @@ class DiffusersFSDPEngine(FSDPEngine):
         steps = list(getattr(loss_function, "replay_steps", range)(replay.num_steps(data, spec)))
         size = data.batch_size[0]
         micro_batches = data.split(self._micro_batch_size(data))
+        masked = not forward_only and SAMPLE_MASK_KEY in data.keys()
+        kept_global = global_kept_count(data[SAMPLE_MASK_KEY], self.get_data_parallel_group()) if masked else 0
         outputs, metrics = [], {}
         for i, micro_batch in enumerate(micro_batches):
-            weight = micro_batch.batch_size[0] / (size * len(steps))
+            if masked:
+                keep = micro_batch[SAMPLE_MASK_KEY]
+                dp = self.get_data_parallel_size()
+                weight = step_loss_weight(int(keep.sum()), kept_global, dp, len(steps))
+            else:
+                keep, weight = None, micro_batch.batch_size[0] / (size * len(steps))
             is_last = i == len(micro_batches) - 1
             outputs.append(
                 self._replay_micro_batch(
-                    micro_batch, spec, replay, steps, loss_function, forward_only, weight, is_last, metrics
+                    micro_batch, spec, replay, steps, loss_function, forward_only, (weight, keep), is_last, metrics
                 )
             )
         output = {key: torch.cat([o[key] for o in outputs]).cpu() for key in outputs[0]}
@@ -218,10 +234,15 @@ class DiffusersFSDPEngine(FSDPEngine):
         return output
 
     def _replay_micro_batch(
-        self, micro_batch, spec, replay, steps, loss_function, forward_only, weight, is_last, metrics
+        self, micro_batch, spec, replay, steps, loss_function, forward_only, weighting, is_last, metrics
     ):
-        """The replayed ``steps`` of one micro-batch: the replay's outputs stacked ``[b, S, ...]``; backward per step."""
+        """The replayed ``steps`` of one micro-batch: the replay's outputs stacked ``[b, S, ...]``; backward per step.
+
+        ``weighting``: ``(weight, keep)``, the loss's weight and the kept rows ``[b]`` (None: every row).
+        """
+        weight, keep = weighting
         micro_batch = micro_batch.to(get_device_id())
+        keep = None if keep is None else micro_batch[SAMPLE_MASK_KEY]
         per_step: dict[str, list[torch.Tensor]] = {}
         for step in steps:
             last = is_last and step == steps[-1]
@@ -229,7 +250,10 @@ class DiffusersFSDPEngine(FSDPEngine):
             with torch.no_grad() if forward_only else nullcontext(), sync:
                 out = self.replay(micro_batch, step, spec, replay)
                 if loss_function is not None:
-                    loss, step_metrics = loss_function(out, micro_batch, step)
+                    if keep is None:
+                        loss, step_metrics = loss_function(out, micro_batch, step)
+                    else:
+                        loss, step_metrics = masked_step_loss(loss_function, out, micro_batch, step, keep)
                     if not forward_only:
                         (loss * weight).backward()
                     for key, value in step_metrics.items():
