@@ -128,6 +128,8 @@ class Algorithm:
 
     Class attributes:
         name (`str`): the registered name (set by :func:`register_algorithm`).
+        title (`str`): the algorithm's name in prose (``Flow-GRPO``), read from the class itself only (a
+            subclass registered under another name states its own; see :meth:`display_name`).
         config_cls (`type[AlgorithmConfig]`): dataclass of the ``algorithm`` node.
         loss_cls (`type[AlgorithmLoss]`): the per-step loss.
         rollout_record (`str`): what the rollout must record, one of :data:`ROLLOUT_RECORDS`; a model
@@ -143,6 +145,7 @@ class Algorithm:
     """
 
     name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     loss_cls: ClassVar[type[AlgorithmLoss]] = AlgorithmLoss
     rollout_record: ClassVar[str] = SDE_WINDOW
@@ -150,6 +153,11 @@ class Algorithm:
     old_outputs: ClassVar[tuple[str, ...]] = ("log_probs",)
     needs_old_log_prob_recompute: ClassVar[bool] = False
     old_policy_adapter: ClassVar[bool] = False
+
+    @classmethod
+    def display_name(cls) -> str:
+        """The ``title`` this class states (an inherited one names another algorithm), else the registered name."""
+        return vars(cls).get("title") or cls.name
 
     @classmethod
     def phases(cls, config: AlgorithmConfig, actor_config) -> Phases:
