@@ -3,7 +3,8 @@
 #
 # python -m verl_omni.trainer.main_flowgrpo with BAGEL's keys; see docs/bagel.md ("Training run").
 #   BAGEL_PATH=/models/BAGEL-7B-MoT DATA_DIR=~/data/ocr bash examples/flowgrpo_trainer/run_bagel_ocr_lora.sh [overrides...]
-# The prompt set: python examples/data_process/ocr_prompts.py --out "$DATA_DIR"
+# The prompt set: python examples/data_process/ocr_prompts.py --out "$DATA_DIR"; the OCR reward: an
+# OpenAI-compatible VLM server at OCR_URL serving OCR_MODEL (as the other OCR launchers).
 # DEPLOY selects vLLM-Omni's BAGEL topology: bagel (thinker + DiT, default) or bagel_single_stage (DiT only).
 # BAGEL's rollout computes in bf16: the actor recomputes log pi_old (use_rollout_log_probs=true is refused).
 # The CPU test tests/trainer/test_bagel_flowgrpo_e2e.py sets the same keys on the tiny BAGEL.
@@ -11,6 +12,8 @@ set -euo pipefail
 
 BAGEL_PATH=${BAGEL_PATH:?set BAGEL_PATH to a BAGEL checkpoint directory (ByteDance-Seed/BAGEL-7B-MoT layout)}
 DATA_DIR=${DATA_DIR:-$HOME/data/ocr}
+OCR_URL=${OCR_URL:-http://127.0.0.1:8000/v1}
+OCR_MODEL=${OCR_MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
 DEPLOY=${DEPLOY:-bagel}
 NGPUS=${NGPUS:-8}
 DEPLOY_CONFIG=$(python -c "from verl_omni.pipelines.bagel import vllm_omni_deploy_config as p; print(p('$DEPLOY'))")
@@ -38,7 +41,7 @@ python -m verl_omni.trainer.main_flowgrpo \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/val.parquet" \
     data.train_batch_size=32 \
-    "reward.diffusion.scorers=[{type: ocr, weight: 1.0}]" \
+    'reward.diffusion.scorers=[{type: ocr, weight: 1.0, params: {url: '"$OCR_URL"', model: '"$OCR_MODEL"'}}]' \
     trainer.n_gpus_per_node="$NGPUS" \
     trainer.experiment_name=bagel_ocr_lora \
     "$@"

@@ -28,7 +28,6 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.num_inference_steps=10 \
     actor_rollout_ref.rollout.true_cfg_scale=4.0 \
     actor_rollout_ref.rollout.noise_level=1.2 \
-    actor_rollout_ref.rollout.sde_type=sde \
     actor_rollout_ref.rollout.sde_window_size=2 \
     actor_rollout_ref.rollout.sde_window_range=[0,5] \
     actor_rollout_ref.rollout.n=16 \

@@ -20,6 +20,9 @@
 # OCR prompt set (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an
 # OpenAI-compatible VLM server for the OCR reward. Extra arguments are Hydra overrides (last wins).
 # See docs/models.md and docs/trainer.md.
+# Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml; flow_grpo's defaults,
+# global std, clip 5 and the `sde` step, are the ones above):
+# not repeated here, so that `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers Stable Diffusion 3.5 directory}
@@ -54,7 +57,6 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.rollout.true_cfg_scale=4.5 \
     actor_rollout_ref.rollout.negative_prompt="" \
     actor_rollout_ref.rollout.noise_level=0.7 \
-    actor_rollout_ref.rollout.sde_type=sde \
     actor_rollout_ref.rollout.sde_window_size=9 \
     actor_rollout_ref.rollout.sde_window_range='[0,9]' \
     actor_rollout_ref.rollout.n=24 \
@@ -71,8 +73,6 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.actor.optim.clip_grad=1.0 \
     actor_rollout_ref.actor.engine.seed=42 \
     actor_rollout_ref.actor.engine.model_dtype=bf16 \
-    algorithm.adv_clip_max=5.0 \
-    algorithm.global_std=true \
     data.train_files="$DATA_DIR/train.parquet" \
     data.val_files="$DATA_DIR/val.parquet" \
     data.train_batch_size=48 \

@@ -5,11 +5,17 @@ argument, passed through like any override): Hydra composes its overrides and pr
 instead of training. That config then goes through what ``main_flowgrpo`` checks before Ray starts
 (keys and types, the model directory, the data files, every dataclass and the model adapter's
 sampling rules) with ``MODEL_PATH`` set to the model's tiny random directory. No training runs.
+
+Each launcher with each registered algorithm (``algorithm=<name>`` appended) runs the command that
+``docs/algorithms.md`` ("Launchers") documents for the pairing: a served pairing passes every check
+before Ray; the refused one fails with the pairing refusal.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +60,7 @@ def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subp
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "MODEL_PATH": str(model_path),
+        "BAGEL_PATH": str(model_path),
         "DATA_DIR": str(data_dir),
     }
     return subprocess.run(
@@ -123,3 +130,63 @@ def test_launcher_without_model_path_says_what_to_set():
         timeout=60,
     )
     assert proc.returncode != 0 and "MODEL_PATH" in proc.stderr
+
+
+# ---- each launcher with each algorithm ----------------------------------------------------------
+
+DOC = REPO / "docs" / "algorithms.md"
+# one row per (launcher, algorithm): `| `run_<model>_ocr_lora.sh` | `<algorithm>` | <command or refusal> |`
+DOC_ROW = re.compile(r"^\| `(run_(\w+)_ocr_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
+# the model launchers (``run_<model>_ocr_lora.sh``, ``<model>`` a tiny-model builder) and the Hydra group
+# ``algorithm=<name>``: found on disk, so that a new launcher or algorithm needs its row in the doc
+MODEL_LAUNCHERS = sorted(p.name for p in LAUNCHERS.glob("run_*_ocr_lora.sh"))
+ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
+
+
+def documented_pairings() -> dict[tuple[str, str], tuple[str, str]]:
+    """``(launcher, algorithm) -> (model, command cell)`` from the doc's launcher table."""
+    return {(m[1], m[3]): (m[2], m[4]) for m in DOC_ROW.finditer(DOC.read_text())}
+
+
+def test_the_doc_has_one_row_per_launcher_and_algorithm():
+    rows = documented_pairings()
+    assert set(rows) == {(launcher, name) for launcher in MODEL_LAUNCHERS for name in ALGORITHM_NAMES}
+    assert len(MODEL_LAUNCHERS) >= 5 and "diffusion_nft" in ALGORITHM_NAMES
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
+@pytest.mark.parametrize("launcher", MODEL_LAUNCHERS)
+def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algorithm, tiny_model, ocr_dir, tmp_path):
+    """The documented command composes through Hydra from the command line and passes every check before Ray; a
+    pairing the doc marks refused fails naming the algorithm, the model path and what the model serves instead."""
+    from omegaconf import OmegaConf
+
+    from verl_omni.trainer.config.preflight import check_config, check_resources
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.utils.config import register_resolvers
+
+    model, cell = documented_pairings()[launcher, algorithm]
+    model_path = tiny_model(model)
+    served = cell.startswith("`bash ")
+    if served:
+        words = shlex.split(cell.strip("`"))
+        assert words[:2] == ["bash", f"examples/flowgrpo_trainer/{launcher}"] and f"algorithm={algorithm}" in words
+        args = words[2:]
+    else:
+        assert cell.startswith("refused before Ray"), cell
+        args = [f"algorithm={algorithm}"]
+    proc = launch(
+        launcher, model_path, ocr_dir, *PASS_THROUGH, f"trainer.default_local_dir={tmp_path}", *args, "--cfg", "job"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    register_resolvers()
+    config = OmegaConf.create(proc.stdout)
+    check_config(config)
+    check_resources(config)
+    if served:
+        configs = validate_config(config)
+        assert configs.algorithm.name == algorithm and configs.model.path == str(model_path)
+        return
+    with pytest.raises(ValueError, match=rf"algorithm={algorithm}: \w+ \(actor_rollout_ref\.model\.path=") as error:
+        validate_config(config)
+    assert str(model_path) in str(error.value) and "algorithms this model serves: [" in str(error.value)

@@ -83,6 +83,11 @@ class ModelAdapter:
             algorithm needing another record is refused for this model before Ray starts.
         algorithms (`tuple[str]` or None): restricts the RL algorithms (registered names) the model supports;
             None: every algorithm whose record is in ``rollout_records``.
+        sampler_choices (`Mapping[str, tuple]`): sampler settings (``SamplingSpec`` fields, the config's
+            ``actor_rollout_ref.rollout.<key>``) of which the rollout pipeline serves only some values: key -> the
+            values it serves. A key not listed takes every value the sampling spec allows. Checked with the
+            model's other facts (``SamplingSpec.for_model``), so a sampler the model cannot run (e.g. an
+            algorithm's) is refused before Ray starts, naming the key, the model and these values.
         fsdp_wrap_blocks (`tuple[str]`): module class names wrapped one FSDP unit each.
         lora_target_modules (`tuple[str]`): default peft ``target_modules``.
         lora_file_pipeline (`str` or None): diffusers pipeline whose LoRA file format checkpoints use.
@@ -110,6 +115,7 @@ class ModelAdapter:
     rollout_pipeline: ClassVar[str]
     rollout_records: ClassVar[tuple[str, ...]] = (SDE_WINDOW,)
     algorithms: ClassVar[tuple[str, ...] | None] = None
+    sampler_choices: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
     fsdp_wrap_blocks: ClassVar[tuple[str, ...]] = ()
     lora_target_modules: ClassVar[tuple[str, ...]] = ()
     lora_file_pipeline: ClassVar[str | None] = None

@@ -7,7 +7,8 @@ the settings travel as one object: :class:`SamplingSpec` is built from the rollo
 ``extra_args``), read back by the pipeline (:meth:`SamplingSpec.from_sampling_params`) and by the
 actor (``meta_info["sampling_spec"]``, :meth:`SamplingSpec.from_dict`). Every check of a setting
 is here, in :meth:`SamplingSpec.__post_init__` (values) and :meth:`SamplingSpec.for_model` (what
-the model can honour: its latent multiple and its guidance style).
+the model can honour: its latent multiple, its guidance style and the sampler settings it serves,
+``ModelAdapter.sampler_choices``).
 
 Guidance styles (``ModelAdapter.guidance_style``):
 
@@ -264,6 +265,12 @@ class SamplingSpec:
                 f"sde_window_range={list(self.window_range)}: {name} cannot take an SDE step past step {end} of "
                 f"num_inference_steps={self.num_inference_steps}; allowed: r1 <= {end} (null picks [0, {end}])"
             )
+        for key, choices in adapter.sampler_choices.items():
+            if getattr(self, key) not in choices:
+                raise ValueError(
+                    f"{key}={getattr(self, key)!r}: {name} does not serve this sampler setting (its rollout pipeline "
+                    f"cannot run it: {adapter.__name__}.sampler_choices); allowed: {list(choices)}"
+                )
         unknown = sorted(set(self.model_kwargs) - set(adapter.sampling_keys))
         if unknown:
             raise ValueError(

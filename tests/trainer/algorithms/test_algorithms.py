@@ -100,7 +100,11 @@ def test_a_model_that_cannot_record_what_the_algorithm_needs_is_refused_naming_b
         check_model_supports(ode_algorithm, BagelTrainingAdapter, "/models/bagel")
     restricted = type("OnlyFlowGRPO", (QwenImageTrainingAdapter,), {"algorithms": ("flow_grpo",)})
     check_model_supports(get_algorithm("flow_grpo"), restricted)
-    with pytest.raises(ValueError, match=r"algorithm=grpo_guard: OnlyFlowGRPO supports the algorithms \['flow_grpo'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"algorithm=grpo_guard: OnlyFlowGRPO cannot serve it: the model supports the algorithms "
+        r"\['flow_grpo'\] only; algorithms this model serves: \['flow_grpo'\]",
+    ):
         check_model_supports(get_algorithm("grpo_guard"), restricted)
 
 

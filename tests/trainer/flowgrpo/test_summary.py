@@ -67,7 +67,9 @@ def test_reads_training_and_validation_scores_by_step(run_dir):
 
 
 def test_summary_names_steps_scores_files_and_the_diffusers_lines(run_dir):
-    text = write_summary(run_dir, 4, 125.4, "/models/qwen", "QwenImagePipeline", interrupted=False)
+    text = write_summary(
+        run_dir, 4, 125.4, "/models/qwen", "QwenImagePipeline", algorithm="Flow-GRPO", interrupted=False
+    )
     assert (run_dir / SUMMARY_FILE).read_text() == text + "\n"
     lines = text.splitlines()
     assert lines[0] == "Flow-GRPO run finished: 4 of 4 steps in 0:02:05 (wall time)"
@@ -85,10 +87,10 @@ def test_summary_names_steps_scores_files_and_the_diffusers_lines(run_dir):
 
 
 def test_interrupted_run_and_a_model_without_a_diffusers_pipeline(tmp_path, run_dir):
-    text = write_summary(run_dir, 10, 3.0, "/models/bagel", None, interrupted=True)
+    text = write_summary(run_dir, 10, 3.0, "/models/bagel", None, algorithm="Flow-GRPO", interrupted=True)
     assert text.startswith("Flow-GRPO run interrupted after step 4: 4 of 10 steps")
     assert DIFFUSERS_HEADER not in text
-    empty = write_summary(tmp_path, 10, 3.0, "/m", "QwenImagePipeline", interrupted=True)
+    empty = write_summary(tmp_path, 10, 3.0, "/m", "QwenImagePipeline", algorithm="Flow-GRPO", interrupted=True)
     assert "0 of 10 steps" in empty and "final LoRA: none saved" in empty and DIFFUSERS_HEADER not in empty
     assert (tmp_path / CURVE_FILE).is_file()
 
@@ -111,3 +113,24 @@ def test_reward_curve_draws_both_series_rising(run_dir, tmp_path):
         assert left[:, 0].mean() > right[:, 0].mean()
     # training starts at step 1, validation at step 0: the orange curve starts further left
     assert _pixels(image, ORANGE)[:, 1].min() < _pixels(image, BLUE)[:, 1].min()
+
+
+@pytest.mark.parametrize("name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft"])
+def test_the_summary_names_the_registered_algorithm_run(run_dir, name):
+    """The first line names the algorithm as it registered itself (its ``title``), not Flow-GRPO for every run."""
+    from verl_omni.trainer.algorithms import get_algorithm
+
+    algorithm = get_algorithm(name)
+    text = write_summary(run_dir, 4, 1.0, "/m", None, algorithm=algorithm.display_name(), interrupted=False)
+    assert text.splitlines()[0] == f"{algorithm.title} run finished: 4 of 4 steps in 0:00:01 (wall time)"
+    assert algorithm.title and (algorithm.title == "Flow-GRPO") == (name == "flow_grpo")
+
+
+def test_a_subclass_registered_under_another_name_does_not_inherit_the_title():
+    """An algorithm derived from a built-in (GRPO-Guard from Flow-GRPO; an entry point's) states its own title."""
+    from verl_omni.trainer.algorithms import Algorithm, get_algorithm
+
+    flow_grpo = get_algorithm("flow_grpo")
+    derived = type("Derived", (flow_grpo,), {"name": "my_variant"})
+    assert derived.display_name() == "my_variant"
+    assert get_algorithm("grpo_guard").display_name() == "GRPO-Guard" and issubclass(derived, Algorithm)

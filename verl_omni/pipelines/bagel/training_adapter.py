@@ -104,6 +104,9 @@ class BagelTrainingAdapter(ModelAdapter):
     rollout_dtype = "bfloat16"
     # 8x VAE, latents patched 2x2: image sides divide by 16 (the checkpoint's latent table also caps them)
     latent_multiple = 16
+    # BAGEL's own denoising loop (``generate_image``) takes every step of its schedule and each step through the
+    # recorder's SDE/Euler step: it cannot thin the steps after the window or run DPM-Solver++ there (MixGRPO-Flash)
+    sampler_choices = {"ode_solver": ("euler",), "ode_post_window_ratio": (1.0,)}
     # text CFG against an empty context, renormalized (cfg_renorm_type); the scale is true_cfg_scale
     guidance_style = "true_cfg"
     default_true_cfg_scale = 4.0

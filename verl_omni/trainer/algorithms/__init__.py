@@ -17,6 +17,7 @@ from verl_omni.trainer.algorithms.base import (
     check_model_supports,
     get_algorithm,
     register_algorithm,
+    supported_algorithms,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Phases",
     "algorithm_config_from",
     "check_model_supports",
+    "supported_algorithms",
     "get_algorithm",
     "register_algorithm",
 ]

@@ -138,6 +138,8 @@ class Algorithm:
 
     Class attributes:
         name (`str`): the registered name (set by :func:`register_algorithm`).
+        title (`str`): the algorithm's name in prose (``Flow-GRPO``), read from the class itself only (a
+            subclass registered under another name states its own; see :meth:`display_name`).
         config_cls (`type[AlgorithmConfig]`): dataclass of the ``algorithm`` node.
         loss_cls (`type[AlgorithmLoss]`): the per-step loss.
         rollout_record (`str`): what the rollout must record, one of :data:`ROLLOUT_RECORDS`; a model
@@ -153,6 +155,7 @@ class Algorithm:
     """
 
     name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
     config_cls: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
     loss_cls: ClassVar[type[AlgorithmLoss]] = AlgorithmLoss
     rollout_record: ClassVar[str] = SDE_WINDOW
@@ -160,6 +163,11 @@ class Algorithm:
     old_outputs: ClassVar[tuple[str, ...]] = ("log_probs",)
     needs_old_log_prob_recompute: ClassVar[bool] = False
     old_policy_adapter: ClassVar[bool] = False
+
+    @classmethod
+    def display_name(cls) -> str:
+        """The ``title`` this class states (an inherited one names another algorithm), else the registered name."""
+        return vars(cls).get("title") or cls.name
 
     @classmethod
     def phases(cls, config: AlgorithmConfig, actor_config) -> Phases:
@@ -274,23 +282,38 @@ def algorithm_config_from(node: Mapping[str, Any] | None) -> AlgorithmConfig:
         raise ValueError(f"algorithm ({name}): {e}") from e
 
 
+def serves(algorithm: type[Algorithm], adapter) -> bool:
+    """Whether ``adapter``'s model can serve ``algorithm``: it records what the algorithm needs and, when it names the
+    algorithms it supports (``ModelAdapter.algorithms``), names this one."""
+    allowed = adapter.algorithms
+    return algorithm.rollout_record in tuple(adapter.rollout_records) and (allowed is None or algorithm.name in allowed)
+
+
+def supported_algorithms(adapter) -> list[str]:
+    """Every registered algorithm (built-in or installed) that ``adapter``'s model serves, by name."""
+    return [name for name in ALGORITHMS.names() if serves(get_algorithm(name), adapter)]
+
+
 def check_model_supports(algorithm: type[Algorithm], adapter, model: str = "") -> None:
-    """Refuse a model whose adapter cannot serve ``algorithm``, naming both (run before Ray starts).
+    """Refuse a model whose adapter cannot serve ``algorithm``, naming both and the algorithms it serves (run before
+    Ray starts, before the algorithm's own checks: a pairing that cannot run is the first thing to fix).
 
     The adapter states what its rollout pipeline can record (``rollout_records``) and may restrict the
-    algorithms it supports by name (``algorithms``; None: every algorithm whose record it can make).
+    algorithms it supports by name (``algorithms``; None: every algorithm whose record it can make). The sampler
+    settings it serves (``sampler_choices``) are checked with its other sampling facts (``SamplingSpec.for_model``).
     """
+    if serves(algorithm, adapter):
+        return
     where = f"{adapter.__name__}" + (f" (actor_rollout_ref.model.path={model})" if model else "")
     records = tuple(adapter.rollout_records)
     if algorithm.rollout_record not in records:
-        raise ValueError(
-            f"algorithm={algorithm.name}: {where} cannot serve it: the algorithm needs a rollout that records "
-            f"{algorithm.rollout_record!r}, the model's rollout pipeline records {list(records)}; choose another "
-            "algorithm or another model"
+        why = (
+            f"the algorithm needs a rollout that records {algorithm.rollout_record!r}, the model's rollout pipeline "
+            f"records {list(records)}"
         )
-    allowed = adapter.algorithms
-    if allowed is not None and algorithm.name not in allowed:
-        raise ValueError(
-            f"algorithm={algorithm.name}: {where} supports the algorithms {list(allowed)} only; "
-            f"choose one of them with algorithm=<name>"
-        )
+    else:
+        why = f"the model supports the algorithms {list(adapter.algorithms)} only"
+    raise ValueError(
+        f"algorithm={algorithm.name}: {where} cannot serve it: {why}; algorithms this model serves: "
+        f"{supported_algorithms(adapter)} (choose one with algorithm=<name>, or another model)"
+    )

@@ -122,6 +122,7 @@ class DanceGRPOLoss(FlowGRPOLoss):
 class DanceGRPO(Algorithm):
     """DanceGRPO: ``algorithm=dance_grpo`` with ``actor_rollout_ref.rollout.sde_type=dance``."""
 
+    title = "DanceGRPO"
     config_cls = DanceGRPOConfig
     loss_cls = DanceGRPOLoss
     rollout_record = SDE_WINDOW

@@ -177,6 +177,7 @@ class DiffusionNFTLoss(AlgorithmLoss):
 class DiffusionNFT(Algorithm):
     """DiffusionNFT: ODE rollouts, forward-process loss, old policy as an EMA adapter (``algorithm=diffusion_nft``)."""
 
+    title = "DiffusionNFT"
     config_cls = DiffusionNFTConfig
     loss_cls = DiffusionNFTLoss
     rollout_record = ODE_SAMPLES

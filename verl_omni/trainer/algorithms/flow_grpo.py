@@ -94,6 +94,7 @@ class FlowGRPOLoss(AlgorithmLoss):
 class FlowGRPO(Algorithm):
     """Flow-GRPO: the default algorithm (``algorithm=flow_grpo``)."""
 
+    title = "Flow-GRPO"
     config_cls = FlowGRPOAlgoConfig
     loss_cls = FlowGRPOLoss
     rollout_record = SDE_WINDOW

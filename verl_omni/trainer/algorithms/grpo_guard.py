@@ -165,6 +165,7 @@ def flow_grpo_kl(replayed, ref_prev_sample_mean: torch.Tensor) -> torch.Tensor:
 class GRPOGuard(FlowGRPO):
     """GRPO-Guard: Flow-GRPO's sampler and advantage, the regulated clipped loss."""
 
+    title = "GRPO-Guard"
     config_cls = GRPOGuardConfig
     loss_cls = GRPOGuardLoss
     # RatioNorm needs μ_old, which the rollout does not record: the actor recomputes the old policy's replay

@@ -53,6 +53,7 @@ class MixGRPOConfig(AlgorithmConfig):
 class MixGRPO(Algorithm):
     """MixGRPO: ``algorithm=mix_grpo`` with ``actor_rollout_ref.rollout.sde_window_schedule=progressive``."""
 
+    title = "MixGRPO"
     config_cls = MixGRPOConfig
     loss_cls = FlowGRPOLoss
     rollout_record = SDE_WINDOW

@@ -105,10 +105,11 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
 def _check_model(configs: FlowGRPOConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
-    check_model_supports(configs.algorithm_cls, adapter, configs.model.path)
     # the sampling spec refuses what the model cannot honour (size multiple, guidance style, model_kwargs)
     specs = [
-        configs.rollout.sampling_spec(v, adapter, f"actor_rollout_ref.model.path={configs.model.path}")
+        configs.rollout.sampling_spec(
+            v, adapter, f"actor_rollout_ref.model.path={configs.model.path}, algorithm={configs.algorithm.name}"
+        )
         for v in (False, True)
     ]
     if configs.algorithm_cls.rollout_record == SDE_WINDOW and not specs[0].noise_level > 0:
@@ -152,6 +153,8 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
         rollout=_node(config, "actor_rollout_ref.rollout"),
         reward=_node(config, "reward.diffusion", DiffusionRewardConfig),
     )
+    # the algorithm x model pairing first: the algorithm's own rules may not even apply to a model that cannot run it
+    check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)
     _check_device(configs.trainer)
     _check_reward_manager(config)
     _check_batches(config, configs)

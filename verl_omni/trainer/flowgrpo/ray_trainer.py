@@ -461,6 +461,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
             time.monotonic() - self.started,
             model.path,
             model.adapter.lora_file_pipeline,
+            algorithm=self.algorithm.display_name(),
             interrupted=interrupted,
         )
 

@@ -7,8 +7,8 @@ to ``metrics.jsonl``:
 
 * ``reward_curve.png``: training ``critic/score/mean`` and validation ``val/score/mean`` per step
   (drawn with PIL: matplotlib is not a dependency);
-* ``summary.txt``: steps done, wall time, validation score first → last, where the metrics, grids
-  and final LoRA are, and the lines that load that LoRA in diffusers (the model adapter's
+* ``summary.txt``: the algorithm run (its title: ``DanceGRPO run finished``), steps done, wall time,
+  validation score first → last, where the metrics, grids and final LoRA are, and the lines that load that LoRA in diffusers (the model adapter's
   ``lora_file_pipeline``). The same text is logged.
 """
 
@@ -96,12 +96,13 @@ def summary_text(
     model_path: str,
     pipeline: str | None,
     *,
+    algorithm: str,
     interrupted: bool,
 ) -> str:
-    """The summary's lines (see the module docstring)."""
+    """The summary's lines (see the module docstring); ``algorithm`` names the algorithm run (its ``display_name``)."""
     state = f"interrupted after step {record.steps_done}" if interrupted else "finished"
     lines = [
-        f"Flow-GRPO run {state}: {record.steps_done} of {total_steps} steps in "
+        f"{algorithm} run {state}: {record.steps_done} of {total_steps} steps in "
         f"{datetime.timedelta(seconds=round(wall_s))} (wall time)"
     ]
     if record.val:
@@ -163,12 +164,21 @@ def draw_reward_curve(record: RunRecord, path: Path, size: tuple[int, int] = (64
 
 
 def write_summary(
-    run_dir: Path, total_steps: int, wall_s: float, model_path: str, pipeline: str | None, *, interrupted: bool
+    run_dir: Path,
+    total_steps: int,
+    wall_s: float,
+    model_path: str,
+    pipeline: str | None,
+    *,
+    algorithm: str,
+    interrupted: bool,
 ) -> str:
     """Draw ``reward_curve.png``, write ``summary.txt`` and log the summary; returns its text."""
     record = read_run(run_dir / "metrics.jsonl")
     draw_reward_curve(record, run_dir / CURVE_FILE)
-    text = summary_text(run_dir, record, total_steps, wall_s, model_path, pipeline, interrupted=interrupted)
+    text = summary_text(
+        run_dir, record, total_steps, wall_s, model_path, pipeline, algorithm=algorithm, interrupted=interrupted
+    )
     (run_dir / SUMMARY_FILE).write_text(text + "\n")
     logger.info("\n%s", text)
     return text
