@@ -89,23 +89,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def profile_folder(args, name: str) -> Path:
+    return Path(args.out).resolve().parent / "profile" / name
+
+
 def profiler_kwargs(args, name: str) -> dict:
     """The engine's torch profiler (vLLM's ``ProfilerConfig``) when ``--profile``: no stacks, no gzip, tables kept."""
     if not args.profile:
         return {}
-    folder = Path(args.out).resolve().parent / "profile" / name
+    folder = profile_folder(args, name)
     folder.mkdir(parents=True, exist_ok=True)
     config = {"profiler": "torch", "torch_profiler_dir": str(folder), "torch_profiler_with_stack": False}
     return {"profiler_config": config | {"torch_profiler_use_gzip": False}}
 
 
-async def profiled_request(engine, name: str, call) -> float:
-    """Seconds of one request run under the engine's profiler (started before, stopped after it)."""
+async def profiled_request(args, engine, name: str, call) -> float:
+    """Seconds of one request run under the engine's profiler (started before, stopped after it).
+
+    The profiler writes into a timestamped folder; its table and gzipped trace are copied up to
+    ``profile/{name}_profiler_out.txt`` and ``profile/{name}_trace.json.gz`` (a device run's ``$OUT``
+    returns shallow files only)."""
+    import gzip
+    import shutil
+
     await engine.start_profile(profile_prefix=name)
     start = time.perf_counter()
     await call()
     seconds = time.perf_counter() - start
     await engine.stop_profile()
+    folder = profile_folder(args, name)
+    for table in folder.rglob("profiler_out_*.txt"):
+        shutil.copy(table, folder.parent / f"{name}_profiler_out.txt")
+    for trace in folder.rglob("trace*.json"):
+        with trace.open("rb") as src, gzip.open(folder.parent / f"{name}_trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
     return seconds
 
 
@@ -170,7 +187,7 @@ async def profile_ours(args, engine, one) -> dict:
 
     engine_module.unpack_request_output = timed_unpack
     try:
-        wall = await profiled_request(engine._require_engine(), "ours", lambda: one(CFG, args.repeats + 1))
+        wall = await profiled_request(args, engine._require_engine(), "ours", lambda: one(CFG, args.repeats + 1))
     finally:
         engine_module.unpack_request_output = unpack
     return {"request_s": wall, "client_unpack_s": sum(unpack_s)}
@@ -218,7 +235,7 @@ async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
     try:
         seconds = (await time_rounds({"stock": one}, args.cfg, args.repeats))["stock", CFG]
         if args.profile:
-            wall = await profiled_request(engine, "stock", lambda: one(CFG, args.repeats + 1))
+            wall = await profiled_request(args, engine, "stock", lambda: one(CFG, args.repeats + 1))
             args.profiled["stock"] = {"request_s": wall}
         return seconds
     finally:

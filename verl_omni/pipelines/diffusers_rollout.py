@@ -59,10 +59,10 @@ class DiffusersRolloutMixin:
     def per_sample(tensor: torch.Tensor, requests: list[RolloutRequest]) -> torch.Tensor:
         """Rows of one per request repeated to one per sample (request-major, as the recorder orders samples).
 
-        The output size is given: without it ``repeat_interleave`` reads the counts back from the device."""
-        counts = [r.num_samples for r in requests]
-        repeats = torch.tensor(counts, device=tensor.device)
-        return tensor.repeat_interleave(repeats, dim=0, output_size=sum(counts))
+        Expanded rows concatenated: a count tensor for ``repeat_interleave`` is a host-device copy (a stream
+        sync) and, without the output size, a read-back."""
+        rows = [tensor[j : j + 1].expand(r.num_samples, *tensor.shape[1:]) for j, r in enumerate(requests)]
+        return torch.cat(rows)
 
     @staticmethod
     def _request_conditioning(conditioning: dict[str, torch.Tensor], rows: range) -> dict[str, torch.Tensor]:

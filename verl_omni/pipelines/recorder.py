@@ -282,7 +282,9 @@ class RolloutRecorder:
         if len(active) == self.num_samples:
             return draws
         noise = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
-        noise[active] = draws
+        for row, i in enumerate(active):
+            # row by row: indexing with the list would copy it to the device, a stream sync per step
+            noise[i] = draws[row]
         return noise
 
     @contextmanager
