@@ -64,6 +64,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="replay warm-up iterations")
     p.add_argument("--iters", type=int, default=5, help="replay timed iterations")
     p.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed requests, one more of each engine under the engine's torch profiler (worker ops, "
+        "CPU and CUDA): its tables under $OUT/profile/{ours,stock} and the request's wall split in the JSON",
+    )
     p.add_argument("--out", help="write the JSON result here (default $OUT/sd3_throughput.json when OUT is set)")
     args = p.parse_args(argv)
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -75,9 +81,49 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.dtype = "bfloat16" if args.full_size else "float32"
     if args.out is None and os.environ.get("OUT"):
         args.out = str(Path(os.environ["OUT"]) / "sd3_throughput.json")
+    if args.profile and not args.out:
+        p.error("--profile writes its tables next to the JSON: set OUT or --out")
     # rollout_throughput's helpers read these
     args.cfg, args.requests = [CFG], 1
+    args.profiled = {}
     return args
+
+
+def profile_folder(args, name: str) -> Path:
+    return Path(args.out).resolve().parent / "profile" / name
+
+
+def profiler_kwargs(args, name: str) -> dict:
+    """The engine's torch profiler (vLLM's ``ProfilerConfig``) when ``--profile``: no stacks, no gzip, tables kept."""
+    if not args.profile:
+        return {}
+    folder = profile_folder(args, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"profiler": "torch", "torch_profiler_dir": str(folder), "torch_profiler_with_stack": False}
+    return {"profiler_config": config | {"torch_profiler_use_gzip": False}}
+
+
+async def profiled_request(args, engine, name: str, call) -> float:
+    """Seconds of one request run under the engine's profiler (started before, stopped after it).
+
+    The profiler writes into a timestamped folder; its table and gzipped trace are copied up to
+    ``profile/{name}_profiler_out.txt`` and ``profile/{name}_trace.json.gz`` (a device run's ``$OUT``
+    returns shallow files only)."""
+    import gzip
+    import shutil
+
+    await engine.start_profile(profile_prefix=name)
+    start = time.perf_counter()
+    await call()
+    seconds = time.perf_counter() - start
+    await engine.stop_profile()
+    folder = profile_folder(args, name)
+    for table in folder.rglob("profiler_out_*.txt"):
+        shutil.copy(table, folder.parent / f"{name}_profiler_out.txt")
+    for trace in folder.rglob("trace*.json"):
+        with trace.open("rb") as src, gzip.open(folder.parent / f"{name}_trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return seconds
 
 
 def sampling(args, seed: int) -> dict:
@@ -109,6 +155,7 @@ async def time_ours(args, model_path: Path, pipeline: str | None) -> float:
         custom_pipeline=pipeline,
         warmup_size=warmup,
         **engine_kwargs(args),
+        **profiler_kwargs(args, "ours"),
     )
     engine.start()
 
@@ -117,9 +164,33 @@ async def time_ours(args, model_path: Path, pipeline: str | None) -> float:
         assert len(outs) == args.n
 
     try:
-        return (await time_rounds({"ours": one}, args.cfg, args.repeats))["ours", CFG]
+        seconds = (await time_rounds({"ours": one}, args.cfg, args.repeats))["ours", CFG]
+        if args.profile:
+            args.profiled["ours"] = await profile_ours(args, engine, one)
+        return seconds
     finally:
         engine.shutdown()
+
+
+async def profile_ours(args, engine, one) -> dict:
+    """A profiled request of ours, with the client's unpacking (per-sample images and trajectories) timed apart."""
+    from verl_omni.workers.rollout.vllm_omni import engine as engine_module
+
+    unpack, unpack_s = engine_module.unpack_request_output, []
+
+    def timed_unpack(*a, **kw):
+        start = time.perf_counter()
+        try:
+            return unpack(*a, **kw)
+        finally:
+            unpack_s.append(time.perf_counter() - start)
+
+    engine_module.unpack_request_output = timed_unpack
+    try:
+        wall = await profiled_request(args, engine._require_engine(), "ours", lambda: one(CFG, args.repeats + 1))
+    finally:
+        engine_module.unpack_request_output = unpack
+    return {"request_s": wall, "client_unpack_s": sum(unpack_s)}
 
 
 async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
@@ -145,6 +216,7 @@ async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
         request_batch_max_wait_ms=DEFAULT_BATCH_WAIT_MS,
         **extra,
         **engine_kwargs(args),
+        **profiler_kwargs(args, "stock"),
     )
 
     async def one(cfg, r):
@@ -161,7 +233,11 @@ async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
             pass
 
     try:
-        return (await time_rounds({"stock": one}, args.cfg, args.repeats))["stock", CFG]
+        seconds = (await time_rounds({"stock": one}, args.cfg, args.repeats))["stock", CFG]
+        if args.profile:
+            wall = await profiled_request(args, engine, "stock", lambda: one(CFG, args.repeats + 1))
+            args.profiled["stock"] = {"request_s": wall}
+        return seconds
     finally:
         engine.shutdown()
 
@@ -175,6 +251,8 @@ def rollout_part(args, model_path: Path) -> dict:
     ours = asyncio.run(time_ours(args, model_path, ours_pipeline))
     stock = asyncio.run(time_stock(args, model_path, stock_pipeline))
     result = {"ours_img_s": args.n / ours, "stock_img_s": args.n / stock, "ratio_ours_to_stock": stock / ours}
+    if args.profile:
+        result["profiled_request"] = args.profiled
     logger.info(
         "rollout, %d images of one prompt: ours %.4g img/s, stock %.4g img/s, ours/stock %.4f",
         args.n,

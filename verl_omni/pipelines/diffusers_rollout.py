@@ -57,9 +57,12 @@ class DiffusersRolloutMixin:
 
     @staticmethod
     def per_sample(tensor: torch.Tensor, requests: list[RolloutRequest]) -> torch.Tensor:
-        """Rows of one per request repeated to one per sample (request-major, as the recorder orders samples)."""
-        counts = torch.tensor([r.num_samples for r in requests], device=tensor.device)
-        return tensor.repeat_interleave(counts, dim=0)
+        """Rows of one per request repeated to one per sample (request-major, as the recorder orders samples).
+
+        Expanded rows concatenated: a count tensor for ``repeat_interleave`` is a host-device copy (a stream
+        sync) and, without the output size, a read-back."""
+        rows = [tensor[j : j + 1].expand(r.num_samples, *tensor.shape[1:]) for j, r in enumerate(requests)]
+        return torch.cat(rows)
 
     @staticmethod
     def _request_conditioning(conditioning: dict[str, torch.Tensor], rows: range) -> dict[str, torch.Tensor]:
@@ -82,7 +85,9 @@ class DiffusersRolloutMixin:
         if not bool(torch.isfinite(images).all()):
             raise FloatingPointError("decoded rollout images have non-finite pixels")
         outputs = []
-        for rows, recorded in zip(recorder.rows(), recorder.split(), strict=True):
+        # packed on the device, then copied to the host once (a host-side pack is a CPU copy of every latent on
+        # the request's critical path)
+        for rows, recorded in zip(recorder.rows(), recorder.split_on_device(), strict=True):
             trajectory: dict[str, Any] = dict(recorded)
             if not packed:
                 latents = trajectory["all_latents"]
@@ -91,6 +96,7 @@ class DiffusersRolloutMixin:
                 trajectory["all_latents"] = flat.reshape(n, w1, *flat.shape[1:])
                 if CLEAN_LATENTS_KEY in trajectory:
                     trajectory[CLEAN_LATENTS_KEY] = pack_latents(trajectory[CLEAN_LATENTS_KEY])
+            trajectory = {k: v.cpu() for k, v in trajectory.items()}
             trajectory |= self._request_conditioning(conditioning, rows)
             outputs.append(
                 DiffusionOutput(output=images[rows.start : rows.stop].float(), trajectory_latents=trajectory)

@@ -118,9 +118,11 @@ class RolloutRecorder:
         self._levels = [r.noise_level for r in self.requests for _ in r.seeds]
         self.step_index = 0
         self.sigmas: torch.Tensor | None = None
-        self._latents: list[list[torch.Tensor]] = [[] for _ in self.generators]
-        self._log_probs: list[list[torch.Tensor]] = [[] for _ in self.generators]
-        self._timesteps: list[list[torch.Tensor]] = [[] for _ in self.generators]
+        #: per stochastic step, the whole batch's (x before the step when a window starts there, else None;
+        #: x after it; log-probs): kept by reference on the device, each sample's rows gathered at the split
+        self._window_steps: dict[int, tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = {}
+        #: per sample, how many of its window's steps were recorded (host)
+        self._recorded = [0] * len(self.generators)
         self._latent_shape: tuple[int, ...] = ()
         self._final: torch.Tensor | None = None
 
@@ -252,14 +254,13 @@ class RolloutRecorder:
             # samples outside their window take the exact Euler step whatever the SDE type
             inside = (levels > 0).reshape(-1, *([1] * (latents.ndim - 1)))
             prev = torch.where(inside, prev, ode_step(latents, noise_pred, self.dts[step]))
-        recorded_t = self.timesteps[step]
+        # kept on the device until the split, whole-batch (no per-sample copy while stepping): a host copy
+        # here would stall the accelerator
+        starts_here = any(self._starts[i] == step for i in active)
+        before = latents.detach().float() if starts_here else None
+        self._window_steps[step] = (before, result.prev_sample.detach(), result.log_prob.detach())
         for i in active:
-            # kept on the device until the split: a host copy here would stall the accelerator
-            if not self._latents[i]:
-                self._latents[i].append(latents[i].detach().float())
-            self._latents[i].append(result.prev_sample[i].detach())
-            self._log_probs[i].append(result.log_prob[i].detach())
-            self._timesteps[i].append(recorded_t)
+            self._recorded[i] += 1
         return self._keep_final(prev.to(latents.dtype))
 
     def _keep_final(self, latents: torch.Tensor) -> torch.Tensor:
@@ -271,12 +272,19 @@ class RolloutRecorder:
     def _window_noise(self, latents: torch.Tensor, active: list[int]) -> torch.Tensor:
         """ε of this step, drawn from a sample's generator only inside its own window: a sample's noise
         then does not depend on which samples share its batch (nor on their windows)."""
-        noise = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
         shape = (1, *latents.shape[1:])
-        for i in active:
-            noise[i] = randn_tensor(
-                shape, generator=self._window_generators[i], device=noise.device, dtype=noise.dtype
-            )[0]
+        draws = torch.cat(
+            [
+                randn_tensor(shape, generator=self._window_generators[i], device=latents.device, dtype=torch.float32)
+                for i in active
+            ]
+        )
+        if len(active) == self.num_samples:
+            return draws
+        noise = torch.zeros(latents.shape, dtype=torch.float32, device=latents.device)
+        for row, i in enumerate(active):
+            # row by row: indexing with the list would copy it to the device, a stream sync per step
+            noise[i] = draws[row]
         return noise
 
     @contextmanager
@@ -304,29 +312,52 @@ class RolloutRecorder:
         """Per request, on the host: ``all_latents`` ``[N, W+1, ...]`` (fp32), ``rollout_log_probs`` ``[N, W]``,
         ``all_timesteps`` ``[N, W]``, ``window_start`` ``[N]``; an ODE request (noise level 0) has W = 0 and
         records its clean final latents ``clean_latents`` ``[N, ...]`` (fp32)."""
-        incomplete = [i for i in range(self.num_samples) if len(self._log_probs[i]) not in (0, self._sizes[i])]
+        return [{k: v.cpu() for k, v in out.items()} for out in self.split_on_device()]
+
+    def split_on_device(self) -> list[dict[str, torch.Tensor]]:
+        """:meth:`split` before the host copy: a pipeline that reshapes the recordings (packs the latents) does
+        it on the device, then copies once."""
+        incomplete = [i for i in range(self.num_samples) if self._recorded[i] not in (0, self._sizes[i])]
         if incomplete:
             raise RuntimeError(f"samples {incomplete} stopped inside their SDE window (step {self.step_index})")
         return [self._request_trajectory(r, rows) for r, rows in zip(self.requests, self.rows(), strict=True)]
 
     def _request_trajectory(self, request: RolloutRequest, rows: range) -> dict[str, torch.Tensor]:
         n = len(rows)
-        if not any(self._log_probs[i] for i in rows):
+        if not any(self._recorded[i] for i in rows):
             out = {
                 "all_latents": torch.empty(n, 0, *self._latent_shape),
                 "rollout_log_probs": torch.empty(n, 0),
                 "all_timesteps": torch.empty(n, 0),
             }
             if self._final is not None and request.noise_level == 0:
-                out[CLEAN_LATENTS_KEY] = self._final[rows.start : rows.stop].cpu()
+                out[CLEAN_LATENTS_KEY] = self._final[rows.start : rows.stop]
         else:
-            out = {
-                "all_latents": torch.stack([torch.stack(self._latents[i]) for i in rows]).cpu(),
-                "rollout_log_probs": torch.stack([torch.stack(self._log_probs[i]) for i in rows]).cpu(),
-                "all_timesteps": torch.stack([torch.stack(self._timesteps[i]) for i in rows]).cpu(),
-            }
+            out = self._gather_windows(rows)
         out["window_start"] = torch.tensor(request.window_starts)
         return out
+
+    def _gather_windows(self, rows: range) -> dict[str, torch.Tensor]:
+        """Each sample's window rows out of the whole-batch records, in a few gathers (no per-sample copy)."""
+        starts = [self._starts[i] for i in rows]
+        size = self._sizes[rows.start]
+        steps = sorted({s + j for s in starts for j in range(size)})
+        first_steps = sorted(set(starts))
+        device = self._window_steps[steps[0]][1].device
+        # [n, W] positions in ``steps`` of each sample's window; [n] positions in ``first_steps`` of its start
+        position = {k: p for p, k in enumerate(steps)}
+        window = torch.tensor([[position[s + j] for j in range(size)] for s in starts], device=device)
+        first = torch.tensor([first_steps.index(s) for s in starts], device=device)
+        sample = torch.arange(len(rows), device=device)
+        after = torch.stack([self._window_steps[k][1][rows.start : rows.stop] for k in steps])
+        log_probs = torch.stack([self._window_steps[k][2][rows.start : rows.stop] for k in steps])
+        before = torch.stack([self._window_steps[k][0][rows.start : rows.stop] for k in first_steps])
+        step_ids = torch.tensor([[s + j for j in range(size)] for s in starts], device=self.timesteps.device)
+        return {
+            "all_latents": torch.cat([before[first, sample][:, None], after[window, sample[:, None]]], dim=1),
+            "rollout_log_probs": log_probs[window, sample[:, None]],
+            "all_timesteps": self.timesteps[step_ids],
+        }
 
 
 class RecordingScheduler:

@@ -7,6 +7,7 @@ plain object with the fields of vLLM-Omni's ``OmniRequestOutput`` that it reads.
 
 from types import SimpleNamespace
 
+import numpy as np
 import PIL.Image
 import pytest
 import torch
@@ -61,3 +62,15 @@ def test_a_row_count_that_is_neither_n_nor_a_shared_row_is_refused(name, value):
     # a recorded tensor is per sample: one row for N samples is a pipeline bug, never broadcast
     with pytest.raises(RuntimeError, match=f"trajectory {name} has {value.shape[0]} rows for {N} samples"):
         unpack_request_output(output(**{name: value}), N)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L"])
+def test_each_image_becomes_contiguous_uint8_channels_first_as_pil_reads_it(mode):
+    pixels = torch.randint(0, 256, (N, 6, 5, 4), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    request = output()
+    request.images = [PIL.Image.fromarray(p.numpy(), "RGBA").convert(mode) for p in pixels]
+    for image, sample in zip(request.images, unpack_request_output(request, N), strict=True):
+        # what PIL's RGB conversion gives, height x width x channel, read channel-first
+        expected = torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1)
+        assert sample.diffusion_output.dtype == torch.uint8 and sample.diffusion_output.is_contiguous()
+        assert torch.equal(sample.diffusion_output, expected)
