@@ -113,6 +113,22 @@ def main(model_path: str, out_dir: str) -> None:
     results["trained_moved"] = max((trained[k] - trained0[k]).abs().max().item() for k in trained)
     results["still_active"] = list(module.active_adapters())
 
+    # 3. a checkpoint keeps the old adapter and the step count its decay reads: a third update moves both,
+    # loading the checkpoint brings back the saved ones
+    engine.save_checkpoint(str(Path(out_dir) / "ckpt"), global_step=2)
+    saved_steps, (saved_trained, saved_old) = engine.optimizer_steps, local_adapters(module)
+    actor.update_policy(batch, spec)
+    results["third_update_moved_old"] = any(
+        not torch.equal(local_adapters(module)[1][k], saved_old[k]) for k in saved_old
+    )
+    engine.load_checkpoint(str(Path(out_dir) / "ckpt"))
+    trained, old = local_adapters(module)
+    results["resumed_steps"] = (saved_steps, engine.optimizer_steps)
+    results["resumed_equal"] = all(torch.equal(old[k], saved_old[k]) for k in old) and all(
+        torch.equal(trained[k], saved_trained[k]) for k in trained
+    )
+    results["resumed_decay"] = actor.update_policy(batch, spec)["actor/old_policy_decay"]
+
     if rank == 0:
         torch.save(results, Path(out_dir) / "results.pt")
     dist.barrier()

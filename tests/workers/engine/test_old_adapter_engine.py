@@ -64,3 +64,11 @@ def test_loss_reads_the_old_policy(results):
     assert first["actor/old_deviate"] == 0.0
     assert second["actor/old_deviate"] > 0.0
     assert all(torch.isfinite(torch.tensor(v)) for m in results["metrics"] for v in m.values())
+
+
+def test_a_checkpoint_restores_the_old_adapter_and_the_steps_its_decay_counts(results):
+    assert results["third_update_moved_old"]
+    assert results["resumed_equal"]
+    assert results["resumed_steps"] == (2, 2)
+    # the update after the resume is the third optimizer step: η = 0.25 · 3 = 0.75, capped at decay_max 0.6
+    assert results["resumed_decay"] == 0.6

@@ -50,9 +50,8 @@ class DiffusionActor:
         self.loss_fn = algorithm.build_loss(config, algorithm_config)
         self.rollout_record = algorithm.rollout_record
         self.algorithm, self.algorithm_config = algorithm, algorithm_config
-        # the old policy as an EMA adapter (the engine holds it) and the optimizer steps its decay counts
+        # the old policy as an EMA adapter (the engine holds it, and counts the optimizer steps its decay reads)
         self.old_policy_adapter = algorithm.phases(algorithm_config, config).old_policy_adapter
-        self.optimizer_steps = 0
         # the trainer sends a sample_mask and the update trains on its kept samples only
         self.drop_zero_std_groups = algorithm_config.drop_zero_std_groups
         self.metric_reductions = {**ENGINE_METRIC_REDUCTIONS, **self.loss_fn.metric_reductions}
@@ -102,7 +101,6 @@ class DiffusionActor:
                         skipped += 1
                         continue
                     out = self.engine.train_batch(mini_batch, self.loss_fn)
-                    self.optimizer_steps += 1
                     metrics = dict(out["metrics"])
                     if epoch > 0:
                         for key in self.loss_fn.first_epoch_metrics:
@@ -137,7 +135,7 @@ class DiffusionActor:
 
     def _update_old_policy(self) -> float:
         """The old-policy adapter's soft update after this update's optimizer steps; returns its decay."""
-        decay = self.algorithm.old_policy_decay(self.algorithm_config, self.optimizer_steps)
+        decay = self.algorithm.old_policy_decay(self.algorithm_config, self.engine.optimizer_steps)
         self.engine.update_old_adapter(decay)
         return decay
 

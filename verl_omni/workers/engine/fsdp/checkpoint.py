@@ -11,7 +11,8 @@ Layout of ``<local_path>/``:
   receives in memory), which stock vLLM-Omni serves from the directory with a file ``LoRARequest``
   on the same base model; diffusers' ``load_lora_weights`` still picks ``pytorch_lora_weights.safetensors``;
 * ``engine_state_rank{r}_of{w}.pt``: rank r's optimizer state (its FSDP shards), LR schedule,
-  RNG states and the global step. Resuming needs the same world size.
+  RNG states, the global step and optimizer steps, and (an algorithm with an old-policy adapter) rank
+  r's shards of that adapter, which has no other copy. Resuming needs the same world size.
 
 The LoRA file is also what a resume loads back into the sharded model, so there is one copy of
 the weights on disk.
@@ -29,6 +30,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from verl_omni.workers.engine.fsdp import old_adapter
+
 logger = logging.getLogger(__name__)
 
 LORA_DIR = "lora"
@@ -37,7 +40,9 @@ LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 PEFT_CONFIG_NAME = "adapter_config.json"
 PEFT_WEIGHT_NAME = "adapter_model.safetensors"
 TRANSFORMER_PREFIX = "transformer."
-ADAPTER_NAME = "default"
+ADAPTER_NAME = old_adapter.TRAINED_ADAPTER_NAME
+# the engine state's entry holding this rank's shards of the old-policy adapter
+OLD_ADAPTER_STATE = "old_adapter"
 
 
 def engine_state_name(rank: int, world_size: int) -> str:
@@ -137,7 +142,10 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
         "optimizer": engine.optimizer.state_dict(),
         "lr_scheduler": engine.lr_scheduler.state_dict(),
         "rng": _rng_state(),
+        "optimizer_steps": engine.optimizer_steps,
     }
+    if old_adapter.has_old_adapter(engine.module):
+        state[OLD_ADAPTER_STATE] = old_adapter.local_shards(engine.module)
     torch.save(state, path / engine_state_name(rank, world))
     dist.barrier()
     logger.info("checkpoint of step %d written to %s", global_step, path)
@@ -160,7 +168,8 @@ def load_lora_into(module: torch.nn.Module, lora_path: str | Path) -> None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     state = _to_module_names(load_file(str(Path(lora_path) / LORA_WEIGHT_NAME)))
-    expected = {n for n, _ in module.named_parameters() if "lora_" in n}
+    # the trained adapter's tensors (an old-policy adapter beside it is restored from the engine state)
+    expected = {n for n, _ in module.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n}
     if set(state) != expected:
         raise ValueError(
             f"LoRA file {lora_path} does not match the model: missing {sorted(expected - set(state))[:4]}, "
@@ -181,5 +190,13 @@ def load(engine, local_path: str | Path) -> int:
     engine.optimizer.load_state_dict(state["optimizer"])
     engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
     _set_rng_state(state["rng"])
+    engine.optimizer_steps = state.get("optimizer_steps", 0)
+    if old_adapter.has_old_adapter(engine.module):
+        if OLD_ADAPTER_STATE not in state:
+            raise ValueError(
+                f"{state_file} has no old-policy adapter (written by a run of an algorithm without one): resume "
+                "this algorithm from a checkpoint of its own runs, or start a new run"
+            )
+        old_adapter.load_local_shards(engine.module, state[OLD_ADAPTER_STATE])
     dist.barrier()
     return state["global_step"]

@@ -80,6 +80,8 @@ class DiffusersFSDPEngine(FSDPEngine):
         self.scheduler = None
         # a second LoRA adapter holding the old policy (set by the worker from the algorithm's phases)
         self.old_policy_adapter = False
+        # optimizer steps taken in this run (a resume restores it): the old policy's EMA decay counts them
+        self.optimizer_steps = 0
 
     # ---- building -------------------------------------------------------------------------
 
@@ -281,6 +283,12 @@ class DiffusersFSDPEngine(FSDPEngine):
             yield
         finally:
             self.module.enable_adapters()
+
+    def optimizer_step(self):
+        """verl's step (FSDP2 grad-norm clip, skip on a non-finite norm), counted in :attr:`optimizer_steps`."""
+        grad_norm = super().optimizer_step()
+        self.optimizer_steps += 1
+        return grad_norm
 
     def update_old_adapter(self, decay: float) -> None:
         """The old policy's soft update θ_old ← decay·θ_old + (1 − decay)·θ (each rank its own shards)."""

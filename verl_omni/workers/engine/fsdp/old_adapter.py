@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from torch.distributed.tensor import DTensor
 
 # the trained adapter (diffusers' default name, the one checkpoints and the rollout sync read) and the old one
 TRAINED_ADAPTER_NAME = "default"
@@ -83,3 +84,33 @@ def ema_update(module: torch.nn.Module, decay: float) -> None:
         raise ValueError(f"old-policy EMA decay must be in [0, 1], got {decay}")
     for trained, old in adapter_pairs(module):
         old.copy_(old * decay + trained.detach().to(old.dtype) * (1.0 - decay))
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def local_shards(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's shards of the old adapter, by parameter name, on CPU: the checkpoint's copy (the adapter
+    is nowhere else on disk; resuming needs the same world size, as the optimizer's shards do)."""
+    marker = f".{OLD_ADAPTER_NAME}."
+    return {n: _local(p).detach().cpu().clone() for n, p in module.named_parameters() if marker in n}
+
+
+@torch.no_grad()
+def load_local_shards(module: torch.nn.Module, shards: dict[str, torch.Tensor]) -> None:
+    """Restore what :func:`local_shards` saved; every old-adapter tensor must be there with its shape."""
+    marker = f".{OLD_ADAPTER_NAME}."
+    params = {n: p for n, p in module.named_parameters() if marker in n}
+    if set(params) != set(shards):
+        raise ValueError(
+            f"saved old-policy adapter does not match the model: missing {sorted(set(params) - set(shards))[:4]}, "
+            f"unexpected {sorted(set(shards) - set(params))[:4]} (different model.lora.target_modules?)"
+        )
+    for name, param in params.items():
+        local = _local(param)
+        if local.shape != shards[name].shape:
+            raise ValueError(
+                f"saved old-policy shard {name} has shape {tuple(shards[name].shape)}, not {tuple(local.shape)}"
+            )
+        local.copy_(shards[name].to(local.device, local.dtype))
