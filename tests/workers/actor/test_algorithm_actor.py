@@ -7,7 +7,7 @@ import torch
 from actor_helpers import batch_of as _batch
 from actor_helpers import build_actor as _actor
 
-from verl_omni.trainer.algorithms import register_algorithm
+from verl_omni.trainer.algorithms.base import ALGORITHMS
 from verl_omni.trainer.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
 
 pytestmark = pytest.mark.slow
@@ -25,13 +25,18 @@ class _NewMetricsLoss(FlowGRPOLoss):
         return loss, metrics
 
 
-@register_algorithm("test_new_metrics")
 class _NewMetricsAlgorithm(FlowGRPO):
     loss_cls = _NewMetricsLoss
 
 
+@pytest.fixture
+def new_metrics_algorithm(monkeypatch):
+    """``test_new_metrics`` registered for one test only: other modules list the registered algorithms."""
+    monkeypatch.setitem(ALGORITHMS._entries, "test_new_metrics", _NewMetricsAlgorithm)
+
+
 def test_a_loss_with_new_metrics_goes_through_the_actor_unchanged(
-    process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+    new_metrics_algorithm, process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
     from verl_omni.pipelines.sampling import SamplingSpec
 
