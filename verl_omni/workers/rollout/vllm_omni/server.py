@@ -44,7 +44,7 @@ def _engine_dtype(config_dtype: str, model_path: str) -> str:
     return config_dtype if torch.cuda.is_available() else "float32"
 
 
-def _engine_start_settings(config) -> dict:
+def _engine_bounds(config) -> dict:
     """The engine's warm-up size (the rollout's image size), start-up and generation bounds from a diffusion
     rollout config; a plain verl ``RolloutConfig`` has none of them and keeps the engine's defaults."""
     settings = {}
@@ -84,7 +84,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
             str(model_path),
             dtype=_engine_dtype(self.config.dtype, str(model_path)),
             max_batch_requests=max_batch_requests,
-            **_engine_start_settings(self.config),
+            **_engine_bounds(self.config),
             **engine_kwargs,
         )
         # AsyncOmni starts its orchestrator on the running loop: build it here, in the actor's loop.
