@@ -7,6 +7,7 @@ One Ray cluster and one set of replicas for the module; each path's rollout of t
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import numpy as np
@@ -118,9 +119,9 @@ def batched_run(servers, reward_loop, tiny_qwen_image_path):
     return manager, output, [a - b for a, b in zip(after, before, strict=True)]
 
 
-@pytest.fixture(scope="module")
-def per_sample_run(servers, tiny_qwen_image_path):
-    """The same batch with ``enable_batched_diffusion=False`` on one agent-loop worker (another split)."""
+def per_sample(servers, tiny_qwen_image_path, client):
+    """The shared batch with ``enable_batched_diffusion=False`` on one agent-loop worker (another split),
+    through ``client``; returns the manager, the output and the requests each replica served."""
     from verl_omni.agent_loop import DiffusionAgentLoopManager
 
     config = compose(
@@ -128,11 +129,17 @@ def per_sample_run(servers, tiny_qwen_image_path):
         "actor_rollout_ref.rollout.enable_batched_diffusion=False",
         "actor_rollout_ref.rollout.agent.num_workers=1",
     )
-    manager = DiffusionAgentLoopManager.create(config, servers.get_client())
+    manager = DiffusionAgentLoopManager.create(config, client)
     before = request_counts(servers)
     output = manager.generate_sequences(make_batch(PROMPTS, UIDS, N))
     after = request_counts(servers)
     return manager, output, [a - b for a, b in zip(after, before, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def per_sample_run(servers, tiny_qwen_image_path):
+    """The per-sample path through the default policy (``least_images_affinity``)."""
+    return per_sample(servers, tiny_qwen_image_path, servers.get_client())
 
 
 def expected_replica_of(uid: str, num_replicas: int) -> int:
@@ -146,9 +153,30 @@ def test_batched_path_sends_one_engine_request_per_group(batched_run):
     assert sum(served) == len(PROMPTS)
 
 
-def test_prompt_uid_affinity_keeps_every_group_on_one_replica(servers, per_sample_run):
-    # 16 separate requests: each replica serves exactly the n rows of the uids hashed to it
+def test_default_routing_keeps_every_group_on_one_replica_and_releases_its_images(servers, per_sample_run):
+    # 16 separate requests: each replica serves whole groups (a multiple of n), and both serve some
+    import ray
+
     _, _, served = per_sample_run
+    assert sum(served) == len(PROMPTS) * N
+    assert all(count % N == 0 for count in served) and min(served) > 0, served
+    # releases are fire-and-forget from the agent-loop worker: wait (bounded) until the balancer has them
+    for _ in range(300):
+        status = ray.get(servers.global_load_balancer.get_status.remote())
+        if status["inflight_keys"] == 0:
+            break
+        time.sleep(0.1)
+    assert status["policy"] == "least_images_affinity"
+    assert set(status["inflight_images"].values()) == {0} and status["inflight_keys"] == 0, status
+
+
+def test_prompt_uid_affinity_sends_each_group_to_its_hashed_replica(servers, tiny_qwen_image_path):
+    from verl_omni.workers.rollout.llm_server import OmniLLMServerClient
+
+    client = OmniLLMServerClient(
+        config=servers.config, load_balancer_handle=servers.new_load_balancer("prompt_uid_affinity")
+    )
+    _, _, served = per_sample(servers, tiny_qwen_image_path, client)
     replica_ids = sorted(servers.server_addresses)
     expected = [0] * len(replica_ids)
     for uid in UIDS:

@@ -30,10 +30,10 @@ def test_rollout_config_names_the_bad_key(kwargs, key):
         DiffusionRolloutConfig(**kwargs)
 
 
-def test_rollout_config_defaults_to_batched_diffusion_and_uid_affinity():
+def test_rollout_config_defaults_to_batched_diffusion_and_least_images_routing():
     config = DiffusionRolloutConfig()
     assert config.enable_batched_diffusion is True
-    assert config.server_routing.policy == "prompt_uid_affinity"
+    assert config.server_routing.policy == "least_images_affinity"
     assert config.agent.default_agent_loop == "diffusion_single_turn"
     assert config.sampling_spec().window_range == (0, config.num_inference_steps)
 
@@ -54,6 +54,7 @@ def test_yaml_node_sets_every_diffusion_field_and_builds_the_dataclass(tiny_qwen
     rollout = omega_conf_to_dataclass(node)
     assert isinstance(rollout, DiffusionRolloutConfig) and rollout.name == "vllm_omni"
     assert rollout.server_routing.routing_key_field == "uid"
+    assert rollout.server_routing.policy == DiffusionRolloutConfig().server_routing.policy
     model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
     assert isinstance(model, DiffusionModelConfig) and model.lora.rank == 32
     assert model.tokenizer("a cat").input_ids and model.processor is None
@@ -70,3 +71,18 @@ def test_yaml_override_with_a_bad_value_names_the_key(tiny_qwen_image_path):
     )
     with pytest.raises(Exception, match=r"actor_rollout_ref\.rollout\.server_routing\.policy='x' is unknown"):
         omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
+
+
+def test_the_hash_routing_policy_is_selectable_from_the_command_line(tiny_qwen_image_path):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_omni.utils.config import compose_config
+
+    config = compose_config(
+        "rollout_standalone",
+        [
+            f"actor_rollout_ref.model.path={tiny_qwen_image_path}",
+            "actor_rollout_ref.rollout.server_routing.policy=prompt_uid_affinity",
+        ],
+    )
+    assert omega_conf_to_dataclass(config.actor_rollout_ref.rollout).server_routing.policy == "prompt_uid_affinity"

@@ -8,8 +8,9 @@ The same two roles as verl's ``verl/workers/rollout/llm_server.py``, for ``vllm_
 * :class:`OmniLLMServerClient` is what agent loops call: ``generate`` (one sample) and
   ``generate_batched`` (N samples of one prompt, one engine request). Unlike verl's client it
   forwards the caller's ``request_id`` unchanged (request tracing, abort by id), and it routes on
-  the caller's ``routing_key`` (the row's ``uid`` by default), so the ``rollout.n`` copies of a
-  prompt land on one replica under ``prompt_uid_affinity``.
+  the caller's ``routing_key`` (the row's ``uid`` by default) and the request's image count, so the
+  ``rollout.n`` copies of a prompt land on one replica and the balancer weighs a ``generate_batched``
+  of N images as N (``docs/routing.md``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class OmniLLMServerClient(LLMServerClient):
     """Client of the diffusion rollout servers, shared by every agent loop of a worker.
 
     Both calls reserve a replica from the load balancer with ``routing_key`` (falling back to the
-    request id), call the server with the caller's ``request_id``, and release the replica.
+    request id) and their image count (1, or ``num_outputs_per_prompt``), call the server with the
+    caller's ``request_id``, and release the replica.
     """
 
     def _vllm_request_id(self, request_id: str) -> str:
@@ -63,6 +65,7 @@ class OmniLLMServerClient(LLMServerClient):
             "generate",
             request_id,
             routing_key,
+            1,
             prompt_ids=prompt_ids,
             sampling_params=sampling_params,
             negative_prompt_ids=negative_prompt_ids,
@@ -79,21 +82,22 @@ class OmniLLMServerClient(LLMServerClient):
         routing_key: str | None = None,
     ) -> list[DiffusionOutput]:
         """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch);
-        the server rejects ``num_outputs_per_prompt < 1`` before its engine is touched."""
+        ``num_outputs_per_prompt < 1`` is a ``ValueError`` from the balancer, before any replica is reserved."""
         return await self._call(
             "generate_batched",
             request_id,
             routing_key,
+            num_outputs_per_prompt,
             prompt_ids=prompt_ids,
             sampling_params=sampling_params,
             num_outputs_per_prompt=num_outputs_per_prompt,
             negative_prompt_ids=negative_prompt_ids,
         )
 
-    async def _call(self, method: str, request_id: str, routing_key: str | None, **call_kwargs):
-        """Reserve a replica for ``routing_key``, run ``method`` on its server, release the replica."""
+    async def _call(self, method: str, request_id: str, routing_key: str | None, num_images: int, **call_kwargs):
+        """Reserve a replica for ``routing_key`` and ``num_images`` images, run ``method`` on its server, release it."""
         key = None if routing_key is None else str(routing_key)
-        server_id, server = await self._acquire_server(request_id, routing_key=key)
+        server_id, server = await self._acquire_server(request_id, routing_key=key, num_images=num_images)
         try:
             return await getattr(server, method).remote(request_id=self._vllm_request_id(request_id), **call_kwargs)
         finally:
@@ -121,13 +125,18 @@ class OmniLLMServerManager(LLMServerManager):
 
     async def _init_global_load_balancer(self) -> None:
         """One balancer actor with the configured policy (verl's factory would pass only the servers)."""
+        self.global_load_balancer = self.new_load_balancer(self.routing.policy)
+        logger.info("%d rollout replicas behind policy %s", len(self.server_handles), self.routing.policy)
+
+    def new_load_balancer(self, policy: str):
+        """A new balancer actor over this manager's replicas with ``policy`` (the shared one is
+        ``global_load_balancer``; a second one lets a benchmark route the same replicas another way)."""
         servers = dict(zip(self.server_addresses, self.server_handles, strict=True))
         if len(servers) != len(self.server_handles):
             raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
-        self.global_load_balancer = ray.remote(OmniRequestLoadBalancer).remote(
-            servers=servers, max_cache_size=self.routing.max_cache_size, policy=self.routing.policy
+        return ray.remote(OmniRequestLoadBalancer).remote(
+            servers=servers, max_cache_size=self.routing.max_cache_size, policy=policy
         )
-        logger.info("%d rollout replicas behind policy %s", len(servers), self.routing.policy)
 
     def get_client(self, client_cls: type[LLMServerClient] | None = None, **kwargs) -> OmniLLMServerClient:
         """The client agent loops call (``generate`` / ``generate_batched``)."""

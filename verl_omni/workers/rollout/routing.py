@@ -3,22 +3,29 @@
 verl's ``GlobalRequestLoadBalancer`` routes each request id to the least-loaded replica, which
 scatters the ``rollout.n`` copies of one prompt over all replicas. Diffusion rollouts want the
 opposite: every copy of a prompt group on one replica, so that the replica can run them as one
-transformer batch (``generate_batched``). The balancer therefore routes on a *routing key* (the
-row's ``uid`` by default) through a named policy:
+transformer batch (``generate_batched``), and the step's groups spread evenly, because the step
+waits on the slowest replica. The balancer therefore routes on a *routing key* (the row's ``uid``
+by default) through a named policy:
 
-* ``prompt_uid_affinity`` (diffusion default): stable hash of the key onto the sorted replica ids,
-  then sticky; a key whose replica is removed is re-routed, other keys stay where they are.
+* ``least_images_affinity`` (default): a key with no request in flight goes to the replica with the
+  fewest images in flight (a ``generate_batched`` of 16 images counts 16); the key's later requests
+  follow it there while any of its requests is in flight.
+* ``prompt_uid_affinity``: stable hash of the key onto the sorted replica ids, then sticky (LRU);
+  a key whose replica is removed is re-routed, other keys stay where they are.
 * ``prompt_hash_sharding``: the same stable hash, no memory (a pool change may move any key).
 * ``least_inflight``: the replica with the fewest requests in flight (ties rotate).
 * ``round_robin``: the sorted replicas in turn.
 
-A new policy is a :class:`RoutingPolicy` subclass registered with ``@register_routing_policy``.
+The balancer books every request's replica, key and images at acquire and releases them by request
+id, so in-flight images per replica and the replica of a key's in-flight requests are known to every
+policy. A new policy is a :class:`RoutingPolicy` subclass registered with ``@register_routing_policy``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections import Counter
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -29,9 +36,12 @@ from verl_omni.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
 
+# the policy a run gets without ``server_routing.policy``: the config's default and the balancer's
+DEFAULT_ROUTING_POLICY = "least_images_affinity"
+
 
 class RoutingPolicy:
-    """Picks a replica for a routing key. ``sticky`` policies remember the choice per key."""
+    """Picks a replica for a routing key. ``sticky`` policies remember the choice per key (LRU)."""
 
     sticky: bool = False
 
@@ -64,18 +74,45 @@ class PromptHashSharding(PromptUidAffinity):
     sticky = False
 
 
-@register_routing_policy("least_inflight")
-class LeastInflight(RoutingPolicy):
+class _LeastLoaded(RoutingPolicy):
+    """The replica with the smallest :meth:`load`; ties rotate so that an idle pool fills evenly."""
+
     def __init__(self):
         self._tie_break = 0
 
+    def load(self, server_id: str, balancer: OmniRequestLoadBalancer) -> int:
+        raise NotImplementedError
+
     def pick(self, key, balancer):
         ids = balancer.sorted_server_ids
-        loads = [balancer.get_inflight_count(sid) for sid in ids]
+        loads = [self.load(sid, balancer) for sid in ids]
         least = min(loads)
         candidates = [sid for sid, load in zip(ids, loads, strict=True) if load == least]
         self._tie_break += 1
         return candidates[self._tie_break % len(candidates)]
+
+
+@register_routing_policy("least_inflight")
+class LeastInflight(_LeastLoaded):
+    def load(self, server_id, balancer):
+        return balancer.get_inflight_count(server_id)
+
+
+@register_routing_policy("least_images_affinity")
+class LeastImagesAffinity(_LeastLoaded):
+    """A group's first request goes where the fewest images are in flight; the group follows it.
+
+    The affinity lasts while the key has a request in flight, and needs no cache: a group's
+    concurrent requests share one replica (which can batch them), and once they have all finished
+    the key is free, so a later request of it is placed by load again.
+    """
+
+    def load(self, server_id, balancer):
+        return balancer.get_inflight_images(server_id)
+
+    def pick(self, key, balancer):
+        home = balancer.inflight_home(key)
+        return home if home is not None else super().pick(key, balancer)
 
 
 @register_routing_policy("round_robin")
@@ -95,13 +132,15 @@ class RolloutServerRoutingConfig(BaseConfig):
     """How requests are spread over rollout replicas (``actor_rollout_ref.rollout.server_routing``).
 
     Args:
-        policy (str): a registered routing policy; ``prompt_uid_affinity`` keeps each prompt group
-            on one replica so it can be generated as one batch.
+        policy (str): a registered routing policy; ``least_images_affinity`` (default) places each
+            prompt group on the replica with the fewest images in flight and keeps it there, so the
+            group can be generated as one batch and the step's groups spread evenly;
+            ``prompt_uid_affinity`` places it by a stable hash of its key instead.
         routing_key_field (str): the batch field whose value is the routing key (``uid``: one per prompt group).
         max_cache_size (int): sticky entries kept (LRU) by sticky policies.
     """
 
-    policy: str = "prompt_uid_affinity"
+    policy: str = DEFAULT_ROUTING_POLICY
     routing_key_field: str = "uid"
     max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE
 
@@ -121,28 +160,52 @@ class RolloutServerRoutingConfig(BaseConfig):
             )
 
 
-class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
-    """verl's load balancer with routing keys and pluggable policies (same public methods).
+@dataclass
+class _Booking:
+    """One in-flight request as the balancer booked it; ``counted`` is False once its replica was removed."""
 
-    Runs as a Ray actor shared by all agent-loop workers, like its parent; ``acquire_server``
-    takes an optional ``routing_key`` (declared in :meth:`require_acquire_fields`, so verl's
-    client forwards it) and falls back to the request id when none is given.
+    server_id: str
+    key: str
+    images: int
+    counted: bool = True
+
+
+class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
+    """verl's load balancer with routing keys, image-counted load and pluggable policies (same public methods).
+
+    Runs as a Ray actor shared by all agent-loop workers, like its parent. ``acquire_server`` takes
+    an optional ``routing_key`` (falling back to the request id) and ``num_images`` (the request's
+    images, default 1), both declared in :meth:`require_acquire_fields` so verl's client forwards
+    them; ``release_server`` needs the ``request_id`` (declared in :meth:`require_release_fields`)
+    to release that request's images and key.
     """
 
     def __init__(
         self,
         servers: dict,
         max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE,
-        policy: str = "prompt_uid_affinity",
+        policy: str = DEFAULT_ROUTING_POLICY,
     ):
         super().__init__(servers=servers, max_cache_size=max_cache_size)
         self.policy_name = policy
         self._policy: RoutingPolicy = ROUTING_POLICIES.get(policy)()
         self._sticky: LRUCache = LRUCache(maxsize=max_cache_size)
         self.sorted_server_ids: list[str] = sorted(self._servers)
+        self._images: dict[str, int] = dict.fromkeys(self._servers, 0)
+        # request id -> its bookings (a caller may reuse an id for concurrent requests)
+        self._bookings: dict[str, list[_Booking]] = {}
+        # routing key -> in-flight requests per replica (only replicas in the pool)
+        self._key_servers: dict[str, Counter] = {}
 
-    def acquire_server(self, request_id: str, routing_key: str | None = None) -> tuple[str, object]:
-        """Reserve a replica for one request; returns ``(server_id, actor_handle)``."""
+    def acquire_server(
+        self, request_id: str, routing_key: str | None = None, num_images: int = 1
+    ) -> tuple[str, object]:
+        """Reserve a replica for one request of ``num_images`` images; returns ``(server_id, actor_handle)``."""
+        if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
+            raise ValueError(
+                f"num_images (the request's images, generate_batched's num_outputs_per_prompt) must be "
+                f"a positive int, got {num_images!r} for request {request_id!r}"
+            )
         if not self.sorted_server_ids:
             raise RuntimeError("No available servers in load balancer")
         key = str(routing_key) if routing_key is not None else str(request_id)
@@ -151,21 +214,61 @@ class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
             server_id = self._policy.pick(key, self)
             if self._policy.sticky:
                 self._sticky[key] = server_id
-        self._inflight_requests[server_id] += 1
+        self._book(str(request_id), _Booking(server_id, key, num_images))
         return server_id, self._servers[server_id]
 
+    def release_server(self, server_id: str, request_id: str | None = None) -> None:
+        """Release the request ``request_id`` acquired on ``server_id``: its images, and its key's hold on the replica."""
+        bookings = self._bookings.get(str(request_id), [])
+        booking = next((b for b in bookings if b.server_id == server_id), None)
+        if booking is None:
+            raise ValueError(
+                f"release_server({server_id!r}, request_id={request_id!r}): no such request in flight "
+                "(released twice, or released without the request_id given to acquire_server)"
+            )
+        bookings.remove(booking)
+        if not bookings:
+            del self._bookings[str(request_id)]
+        if booking.counted:
+            self._inflight_requests[server_id] -= 1
+            self._images[server_id] -= booking.images
+            self._unhold(booking.key, server_id)
+
     def require_acquire_fields(self) -> list[str]:
-        return ["routing_key"]
+        return ["routing_key", "num_images"]
+
+    def require_release_fields(self) -> list[str]:
+        return ["request_id"]
+
+    def get_inflight_images(self, server_id: str) -> int:
+        """Images of the requests in flight on ``server_id`` (a batched request counts all its images)."""
+        return self._images.get(server_id, 0)
+
+    def inflight_home(self, key: str) -> str | None:
+        """The replica serving ``key``'s in-flight requests (the busiest for it if several), or None."""
+        held = self._key_servers.get(key)
+        return held.most_common(1)[0][0] if held else None
 
     def add_servers(self, servers: dict) -> None:
         super().add_servers(servers)
+        self._images.update(dict.fromkeys(servers, 0))
         self.sorted_server_ids = sorted(self._servers)
 
     def remove_servers(self, server_ids: list[str]) -> None:
+        """Drop replicas; their in-flight requests stop counting (their releases are still accepted)."""
         super().remove_servers(server_ids)
+        gone = set(server_ids)
+        for bookings in self._bookings.values():
+            for booking in bookings:
+                if booking.counted and booking.server_id in gone:
+                    booking.counted = False
+                    self._unhold(booking.key, booking.server_id)
+        for sid in gone:
+            self._images.pop(sid, None)
         self.sorted_server_ids = sorted(self._servers)
 
     def clear_sticky_cache(self) -> dict:
+        """Forget the sticky (LRU) placements; in-flight requests keep their replica and their key's hold."""
         cleared = len(self._sticky)
         self._sticky.clear()
         result = super().clear_sticky_cache()
@@ -173,4 +276,24 @@ class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
         return result
 
     def get_status(self) -> dict:
-        return {**super().get_status(), "policy": self.policy_name, "sticky_keys": len(self._sticky)}
+        return {
+            **super().get_status(),
+            "policy": self.policy_name,
+            "sticky_keys": len(self._sticky),
+            "inflight_images": dict(self._images),
+            "inflight_keys": len(self._key_servers),
+        }
+
+    def _book(self, request_id: str, booking: _Booking) -> None:
+        self._bookings.setdefault(request_id, []).append(booking)
+        self._inflight_requests[booking.server_id] += 1
+        self._images[booking.server_id] += booking.images
+        self._key_servers.setdefault(booking.key, Counter())[booking.server_id] += 1
+
+    def _unhold(self, key: str, server_id: str) -> None:
+        held = self._key_servers[key]
+        held[server_id] -= 1
+        if held[server_id] <= 0:
+            del held[server_id]
+        if not held:
+            del self._key_servers[key]
