@@ -4,6 +4,8 @@ reward_i = Σ_k w_k·s_ik / Σ_k w_k over the scorers k that scored sample i (wi
 present and weights summing to 1 this is the weighted sum). A required scorer that fails raises
 :class:`ScorerError` naming it and its cause; an optional one is logged and left out of the mean
 of the samples it failed on, never counted as 0. A sample that no scorer could score raises.
+Video samples reach each scorer through :func:`~verl_omni.utils.reward_score.video.score_any`
+(image scorers per frame, with the entry's ``frame_stride``).
 """
 
 from __future__ import annotations
