@@ -83,3 +83,33 @@ def test_a_gpu_scorer_runs_with_gpus_of_its_own_or_the_actors(resource_pool, own
 def test_missing_node_is_reported():
     with pytest.raises(ValueError, match=r"reward\.diffusion is missing"):
         DiffusionRewardConfig.from_config(None)
+
+
+def test_vlm_judge_yaml_mirrors_the_params_defaults_and_composes_from_the_command_line():
+    """``reward@reward.diffusion=vlm_judge`` plus the server keys, as a user types them, builds the
+    judge with every other parameter at the dataclass default (the YAML cannot drift from it)."""
+    from dataclasses import fields
+
+    from verl_omni.utils.config import compose_config
+    from verl_omni.utils.reward_score.vlm_judge import VlmJudgeParams
+
+    overrides = [
+        "reward@reward.diffusion=vlm_judge",
+        "reward.diffusion.scorers.0.params.url=http://judge-host:8000/v1",
+        "reward.diffusion.scorers.0.params.model=Qwen/Qwen2.5-VL-7B-Instruct",
+    ]
+    cfg = DiffusionRewardConfig.from_config(compose_config("flowgrpo_trainer", overrides).reward.diffusion)
+    (judge,) = cfg.scorers
+    assert (judge.type, judge.frame_stride, cfg.num_workers) == ("vlm_judge", 1, 1)
+    expected = VlmJudgeParams(url="http://judge-host:8000/v1", model="Qwen/Qwen2.5-VL-7B-Instruct")
+    names = {f.name for f in fields(VlmJudgeParams)} - {"_target_"}
+    assert set(judge.params) == names
+    assert {k: judge.params[k] for k in names} == {k: getattr(expected, k) for k in names}
+
+
+def test_vlm_judge_yaml_without_a_model_is_refused_naming_the_key():
+    from verl_omni.utils.config import compose_config
+
+    node = compose_config("flowgrpo_trainer", ["reward@reward.diffusion=vlm_judge"]).reward.diffusion
+    with pytest.raises(ValueError, match=r"^reward.diffusion.scorers\[0\].params.model must name the served VLM"):
+        DiffusionRewardConfig.from_config(node)

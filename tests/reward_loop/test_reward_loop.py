@@ -5,6 +5,7 @@ import math
 import time
 
 import pytest
+import ray
 from reward_loop_helpers import make_config, make_data, make_images
 
 from verl_omni.reward_loop import DiffusionRewardLoopManager
@@ -60,6 +61,21 @@ def test_compute_rm_score_over_workers_with_padding(manager):
     assert metrics["reward/ocr/excluded"] == 5.0 and "reward/ocr/mean" not in metrics
     assert metrics["reward/jpeg_compressibility/excluded"] == 0.0
     assert metrics["reward/mean"] == pytest.approx(sum(expected_rewards(images)) / 5)
+
+
+def test_video_samples_are_scored_per_frame_on_both_paths(manager):
+    """Videos ``[B, F, 3, H, W]`` cross the workers (padding, chunks, the per-sample call) and each
+    image scorer scores the mean over frames."""
+    import torch
+
+    videos = torch.stack([make_images(3, size=16), make_images(3, size=16).flip(0), make_images(3, size=16)])
+    videos = torch.cat([videos, videos[:2]])  # 5 samples: padded to the 2 workers
+    expected = [sum(expected_rewards(video)) / 3 for video in videos]
+    prompts = [f'sign "{i}"' for i in range(5)]
+    out = manager.compute_rm_score(make_data(videos, prompts))
+    assert out.batch["rm_scores"].tolist() == pytest.approx(expected, abs=1e-6)
+    single = ray.get(manager.reward_loop_worker_handles[1].compute_score.remote(make_data(videos[1:2], prompts[1:2])))
+    assert single["reward_score"] == pytest.approx(expected[1], abs=1e-6)
 
 
 def test_per_sample_scoring_overlaps_a_slow_rollout(manager):

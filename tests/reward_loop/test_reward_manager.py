@@ -1,6 +1,7 @@
 """DiffusionRewardManager in-process: DataProto in, per-sample rewards and extra info out."""
 
 import asyncio
+import io
 import math
 
 import numpy as np
@@ -88,3 +89,58 @@ def test_prompt_and_ground_truth_extraction():
     assert ground_truth_text(None, "reward_model") is None
     with pytest.raises(ValueError, match=r"non_tensor_batch\['reward_model'\]"):
         ground_truth_text(7, "reward_model")
+
+
+def test_source_images_come_from_the_prompt_chat_turn_in_verls_forms(tmp_path):
+    from PIL import Image
+
+    pixels = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3) * 10
+    path = tmp_path / "source.png"
+    Image.fromarray(pixels).save(path)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    user = {
+        "role": "user",
+        "content": [
+            {"type": "image", "image": Image.fromarray(pixels)},
+            {"type": "image", "image": str(path)},
+            {"type": "image", "bytes": buffer.getvalue()},
+            {"type": "text", "text": "make it red"},
+        ],
+    }
+    config = make_config(scorers=[{"type": "brightness"}])
+    batch = DiffusionRewardManager(config).to_score_batch(make_data(make_images(2), [[user], "a cat"]))
+    expected = torch.from_numpy(pixels).permute(2, 0, 1)
+    assert batch.prompts == ["make it red", "a cat"]
+    assert len(batch.sources[0]) == 3 and all(torch.equal(s, expected) for s in batch.sources[0])
+    assert batch.sources[1] == []
+    # text-to-image only: no sources at all
+    assert DiffusionRewardManager(config).to_score_batch(make_data(make_images(1), ["a"])).sources is None
+
+
+def test_source_images_key_reads_a_column_and_names_a_missing_file_or_key(tmp_path):
+    config = make_config(scorers=[{"type": "brightness"}], source_images_key="multi_modal_data")
+    manager = DiffusionRewardManager(config)
+    data = make_data(make_images(2), ["a", "b"])
+    with pytest.raises(KeyError, match="no source images under 'multi_modal_data'.*source_images_key"):
+        manager.to_score_batch(data)
+    image = torch.randint(0, 256, (3, 4, 6), dtype=torch.uint8)
+    data.non_tensor_batch["multi_modal_data"] = np.array([{"image": [image]}, None], dtype=object)
+    batch = manager.to_score_batch(data)
+    assert torch.equal(batch.sources[0][0], image) and batch.sources[1] == []
+    data.non_tensor_batch["multi_modal_data"] = np.array([[str(tmp_path / "gone.png")], []], dtype=object)
+    with pytest.raises(
+        ValueError, match=r"non_tensor_batch\['multi_modal_data'\]\[0\]\[0\]: cannot read the image .*gone.png"
+    ):
+        manager.to_score_batch(data)
+
+
+def test_video_samples_flow_through_the_manager_with_per_frame_scorers():
+    videos = torch.stack([torch.full((4, 3, 8, 8), v, dtype=torch.uint8) for v in (51, 204)])
+    videos[1, 1] = 0
+    config = make_config(
+        scorers=[{"type": "brightness", "frame_stride": 2}, {"type": "temporal_consistency", "name": "tc"}]
+    )
+    out = asyncio.run(DiffusionRewardManager(config).run_batch(make_data(videos, ["a", "b"])))
+    assert [o["reward_extra_info"]["reward/brightness"] for o in out] == pytest.approx([0.2, 0.8])
+    assert [o["reward_extra_info"]["reward/tc"] for o in out] == pytest.approx([1.0, 1 - (2 * 204 / 3) / 255])

@@ -37,6 +37,9 @@ def test_importing_verl_alone_registers_everything(fresh_python):
         "clip_score",
         "aesthetic",
         "http",
+        "http_video",
+        "temporal_consistency",
+        "vlm_judge",
     ):
         assert f"'{scorer}'" in stdout, stdout
     assert "reward_manager DiffusionRewardManager" in stdout

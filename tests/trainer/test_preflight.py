@@ -238,18 +238,24 @@ def scoring_server():
         stop()
 
 
-def _with_http_scorer(config, url: str):
-    config.reward.diffusion.scorers = [{"type": "brightness"}, {"type": "http", "params": {"url": url}}]
+# the remote scorers and the params each needs besides its url
+REMOTE_SCORERS = {"http": {}, "http_video": {}, "vlm_judge": {"model": "judge"}}
+
+
+def _with_http_scorer(config, url: str, scorer: str = "http"):
+    params = {"url": url, **REMOTE_SCORERS[scorer]}
+    config.reward.diffusion.scorers = [{"type": "brightness"}, {"type": scorer, "params": params}]
     return config
 
 
-def test_reward_endpoint_that_answers_passes_and_one_that_is_down_names_key_and_url(compose, scoring_server):
+@pytest.mark.parametrize("scorer", sorted(REMOTE_SCORERS))
+def test_reward_endpoint_that_answers_passes_and_one_that_is_down_names_key_and_url(compose, scoring_server, scorer):
     from verl_omni.trainer.config.preflight import check_reward_endpoints
 
     url, stop = scoring_server
-    check_reward_endpoints(_with_http_scorer(compose(), url))
+    check_reward_endpoints(_with_http_scorer(compose(), url, scorer))
     stop()
-    message = fails_before_ray(_with_http_scorer(compose(), url), r"reward.diffusion.scorers\[1\].params.url")
+    message = fails_before_ray(_with_http_scorer(compose(), url, scorer), r"reward.diffusion.scorers\[1\].params.url")
     assert url in message and "reward.diffusion.preflight=false" in message
 
 

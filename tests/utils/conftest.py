@@ -20,7 +20,9 @@ def tiny_clip_dir(tmp_path_factory):
 class ScoringServer:
     """A real HTTP server on 127.0.0.1 standing in for a VLM (OpenAI chat) or a user's scoring service.
 
-    Attributes set by tests: ``reply_text`` (chat answer), ``status`` (HTTP status to answer),
+    Attributes set by tests: ``reply_text`` (chat answer), ``chat_reply`` (callable on the JSON
+    body giving the chat answer text, instead of ``reply_text``), ``answer`` (a JSON answer sent
+    as it is, for malformed ones), ``status`` (HTTP status to answer),
     ``delay_s`` (sleep before answering), ``barrier`` (requests wait until that many are in flight),
     ``scores_from_payload`` (callable building the ``/score`` answer), ``fail_when`` (callable on the
     JSON body: answer 503 when true). Recorded: ``requests``
@@ -29,6 +31,8 @@ class ScoringServer:
 
     def __init__(self):
         self.reply_text = ""
+        self.chat_reply = None
+        self.answer = None
         self.status = 200
         self.delay_s = 0.0
         self.barrier: threading.Barrier | None = None
@@ -63,8 +67,11 @@ class ScoringServer:
             return 503, {"error": "request refused by the test's fail_when"}
         if self.status != 200:
             return self.status, {"error": f"status {self.status} chosen by the test"}
+        if self.answer is not None:
+            return 200, self.answer
         if path.endswith("/chat/completions"):
-            return 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply_text}}]}
+            text = self.reply_text if self.chat_reply is None else self.chat_reply(body)
+            return 200, {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
         return 200, self.scores_from_payload(body)
 
     def _handler_cls(self):

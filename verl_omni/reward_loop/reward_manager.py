@@ -1,9 +1,10 @@
 """``DiffusionRewardManager``: scores generated images of a DataProto with the configured scorers.
 
 Registered in verl's reward-manager registry as ``diffusion`` (``reward.reward_manager.name``).
-Inputs per sample: ``batch[image_key]`` uint8 ``[3, H, W]``, ``non_tensor_batch[prompt_key]``
-(text, or chat messages whose last user turn is the prompt) and, optionally,
-``non_tensor_batch[ground_truth_key]`` (text, or a dict with ``ground_truth``).
+Inputs per sample: ``batch[image_key]`` uint8 ``[3, H, W]`` (or a video ``[F, 3, H, W]``),
+``non_tensor_batch[prompt_key]`` (text, or chat messages whose last user turn is the prompt and
+holds the source images of an edit) and, optionally, ``non_tensor_batch[ground_truth_key]`` (text,
+or a dict with ``ground_truth``) and ``non_tensor_batch[source_images_key]`` (``source_images.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
+from verl_omni.reward_loop.source_images import listed_images, prompt_images
 from verl_omni.utils.reward_score import MultiReward, ScoreBatch
 from verl_omni.workers.config.reward import CONFIG_KEY, DiffusionRewardConfig
 
@@ -63,7 +65,7 @@ class DiffusionRewardManager(RewardManagerBase):
         self.reward = MultiReward.from_configs(self.reward_config.scorers, f"{CONFIG_KEY}.scorers")
 
     def to_score_batch(self, data: DataProto) -> ScoreBatch:
-        """Pull images, prompts and targets out of ``data`` (keys from the config)."""
+        """Pull images, prompts, targets and source images out of ``data`` (keys from the config)."""
         cfg = self.reward_config
         if data.batch is None or cfg.image_key not in data.batch.keys():
             raise KeyError(f"DataProto.batch has no images under {cfg.image_key!r} ({CONFIG_KEY}.image_key)")
@@ -71,10 +73,30 @@ class DiffusionRewardManager(RewardManagerBase):
             raise KeyError(
                 f"DataProto.non_tensor_batch has no prompts under {cfg.prompt_key!r} ({CONFIG_KEY}.prompt_key)"
             )
-        prompts = [prompt_text(v, cfg.prompt_key) for v in data.non_tensor_batch[cfg.prompt_key]]
+        raw_prompts = data.non_tensor_batch[cfg.prompt_key]
+        prompts = [prompt_text(v, cfg.prompt_key) for v in raw_prompts]
         truths = data.non_tensor_batch.get(cfg.ground_truth_key)
         targets = None if truths is None else [ground_truth_text(v, cfg.ground_truth_key) for v in truths]
-        return ScoreBatch(data.batch[cfg.image_key], prompts, targets)
+        return ScoreBatch(data.batch[cfg.image_key], prompts, targets, self.source_images(data, raw_prompts))
+
+    def source_images(self, data: DataProto, raw_prompts) -> list[list[torch.Tensor]] | None:
+        """Each sample's source images (``source_images.py``); None when no sample has any (text-to-image)."""
+        key = self.reward_config.source_images_key
+        if key is None:
+            sources = [
+                prompt_images(v, f"non_tensor_batch[{self.reward_config.prompt_key!r}][{i}]")
+                for i, v in enumerate(raw_prompts)
+            ]
+        elif key not in data.non_tensor_batch:
+            raise KeyError(
+                f"DataProto.non_tensor_batch has no source images under {key!r} ({CONFIG_KEY}.source_images_key); "
+                "set it to null to read them from the prompt's chat messages"
+            )
+        else:
+            sources = [
+                listed_images(v, f"non_tensor_batch[{key!r}][{i}]") for i, v in enumerate(data.non_tensor_batch[key])
+            ]
+        return sources if any(sources) else None
 
     async def run_batch(self, data: DataProto) -> list[dict]:
         """Score every sample of ``data``; batched scorers see the whole batch at once."""

@@ -41,3 +41,27 @@ def test_build_params_names_the_dotted_key():
         build_params(ocr.params_cls, {"url": "http://127.0.0.1:1", "model": "m", "max_retries": -1}, "a.b.params")
     with pytest.raises(ValueError, match=r"a\.params: unknown parameter\(s\) \['retries'\]"):
         build_params(ocr.params_cls, {"url": "http://127.0.0.1:1", "model": "m", "retries": 1}, "a.params")
+
+
+def test_score_batch_takes_videos_and_selects_one_sample_with_its_sources():
+    videos = torch.zeros(2, 5, 3, 4, 4, dtype=torch.uint8)
+    sources = [[torch.zeros(3, 2, 6, dtype=torch.uint8)], []]
+    batch = ScoreBatch(videos, ["a", "b"], sources=sources)
+    assert batch.is_video and len(batch) == 2
+    one = batch.select(0)
+    assert one.images.shape == (1, 5, 3, 4, 4) and one.sources == [sources[0]] and one.prompts == ["a"]
+    with pytest.raises(ValueError, match=r"\[B, F, 3, H, W\] \(videos\), got \(2, 5, 1, 4, 4\)"):
+        ScoreBatch(torch.zeros(2, 5, 1, 4, 4, dtype=torch.uint8), ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    "sources,message",
+    [
+        ([[]], "sources must have one list per image"),
+        ([[torch.zeros(3, 4, 4)], []], r"sources\[0\]\[0\] must be a uint8 tensor"),
+        ([[], [torch.zeros(4, 4, 3, dtype=torch.uint8)]], r"sources\[1\]\[0\] must have shape \[3, h, w\]"),
+    ],
+)
+def test_score_batch_rejects_bad_source_images(sources, message):
+    with pytest.raises(ValueError, match=message):
+        ScoreBatch(torch.zeros(2, 3, 4, 4, dtype=torch.uint8), ["a", "b"], sources=sources)

@@ -13,11 +13,14 @@ BUILT_IN = [
     "geneval",
     "hpsv2",
     "http",
+    "http_video",
     "image_reward",
     "jpeg_compressibility",
     "jpeg_incompressibility",
     "ocr",
     "pickscore",
+    "temporal_consistency",
+    "vlm_judge",
 ]
 DOC = Path(__file__).resolve().parents[3] / "docs" / "reward.md"
 

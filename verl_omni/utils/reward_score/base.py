@@ -1,7 +1,9 @@
 """What every reward scorer shares: the input batch contract, the error type, the base class.
 
-Contract: a scorer receives a :class:`ScoreBatch` (uint8 images ``[B, 3, H, W]``, ``B`` prompts,
-optional per-sample target text) and returns ``B`` finite floats. An operational failure (a server
+Contract: a scorer receives a :class:`ScoreBatch` (uint8 images ``[B, 3, H, W]`` or videos
+``[B, F, 3, H, W]``, ``B`` prompts, optional per-sample target text and source images) and returns
+``B`` finite floats. An image scorer only ever sees images: on a video batch the combiner scores its
+frames and averages them (``video.py``); a scorer that declares ``video_input`` gets whole videos. An operational failure (a server
 that stays down, a timeout after the retries) is raised as :class:`ScorerError`, which the
 multi-reward combiner applies its required/optional policy to; any other exception is a bug and
 propagates.
@@ -28,17 +30,22 @@ class ScorerError(RuntimeError):
 
 @dataclass
 class ScoreBatch:
-    """Images to score with their prompts and optional target texts.
+    """Images (or videos) to score with their prompts, optional target texts and source images.
 
     Args:
-        images (torch.Tensor): uint8 ``[B, 3, H, W]``, values 0..255, on CPU.
-        prompts (list[str]): ``B`` generation prompts.
+        images (torch.Tensor): uint8, values 0..255, on CPU: images ``[B, 3, H, W]`` or videos
+            ``[B, F, 3, H, W]`` (``F`` frames each).
+        prompts (list[str]): ``B`` generation prompts (the editing instruction for an edit).
         targets (list[str | None] | None): optional ground-truth text per sample (e.g. the OCR target).
+        sources (list[list[torch.Tensor]] | None): optional source images per sample (the images an
+            edit started from), each uint8 ``[3, h, w]`` of any size; an empty list for a sample
+            without one (text-to-image).
     """
 
     images: torch.Tensor
     prompts: list[str]
     targets: list[str | None] | None = None
+    sources: list[list[torch.Tensor]] | None = None
 
     def __post_init__(self):
         images = self.images
@@ -46,20 +53,41 @@ class ScoreBatch:
             raise TypeError(f"images must be a torch.Tensor of uint8 [B, 3, H, W], got {type(images).__name__}")
         if images.dtype != torch.uint8:
             raise ValueError(f"images must be uint8 [B, 3, H, W] in 0..255, got dtype {images.dtype}")
-        if images.ndim != 4 or images.shape[1] != 3 or images.shape[2] == 0 or images.shape[3] == 0:
-            raise ValueError(f"images must have shape [B, 3, H, W], got {tuple(images.shape)}")
-        if len(self.prompts) != images.shape[0] or not all(isinstance(p, str) for p in self.prompts):
-            raise ValueError(f"prompts must be {images.shape[0]} strings (one per image), got {self.prompts!r}")
-        if self.targets is not None and len(self.targets) != images.shape[0]:
-            raise ValueError(f"targets must have one entry per image ({images.shape[0]}), got {len(self.targets)}")
+        if images.ndim not in (4, 5) or images.shape[-3] != 3 or 0 in images.shape[1:]:
+            raise ValueError(
+                f"images must have shape [B, 3, H, W] (images) or [B, F, 3, H, W] (videos), got {tuple(images.shape)}"
+            )
+        size = images.shape[0]
+        if len(self.prompts) != size or not all(isinstance(p, str) for p in self.prompts):
+            raise ValueError(f"prompts must be {size} strings (one per image), got {self.prompts!r}")
+        if self.targets is not None and len(self.targets) != size:
+            raise ValueError(f"targets must have one entry per image ({size}), got {len(self.targets)}")
+        if self.sources is not None:
+            self._check_sources(size)
+
+    def _check_sources(self, size: int) -> None:
+        if len(self.sources) != size:
+            raise ValueError(f"sources must have one list per image ({size}), got {len(self.sources)}")
+        for i, images in enumerate(self.sources):
+            for j, image in enumerate(images):
+                if not (isinstance(image, torch.Tensor) and image.dtype == torch.uint8 and image.ndim == 3):
+                    raise ValueError(f"sources[{i}][{j}] must be a uint8 tensor [3, h, w], got {image!r:.100}")
+                if image.shape[0] != 3 or 0 in image.shape:
+                    raise ValueError(f"sources[{i}][{j}] must have shape [3, h, w], got {tuple(image.shape)}")
 
     def __len__(self) -> int:
         return self.images.shape[0]
 
+    @property
+    def is_video(self) -> bool:
+        """True when ``images`` holds videos ``[B, F, 3, H, W]``."""
+        return self.images.ndim == 5
+
     def select(self, index: int) -> ScoreBatch:
         """The one-sample batch at ``index`` (for scorers that work per sample)."""
         targets = None if self.targets is None else [self.targets[index]]
-        return ScoreBatch(self.images[index : index + 1], [self.prompts[index]], targets)
+        sources = None if self.sources is None else [self.sources[index]]
+        return ScoreBatch(self.images[index : index + 1], [self.prompts[index]], targets, sources)
 
 
 @dataclass
@@ -74,10 +102,13 @@ class Scorer(ABC):
         params_cls: dataclass of the scorer's ``params`` (validated in its ``__post_init__``).
         per_sample: the combiner calls the scorer once per sample, so that a failure excludes only
             that sample (request-per-image scorers such as ``ocr``).
+        video_input: the scorer scores whole videos ``[B, F, 3, H, W]`` (and refuses images); an
+            image scorer (False) is given the frames of a video batch and their mean is its score.
     """
 
     params_cls: ClassVar[type[BaseConfig]] = NoParams
     per_sample: ClassVar[bool] = False
+    video_input: ClassVar[bool] = False
 
     def __init__(self, params: BaseConfig | None = None):
         self.params = params if params is not None else self.params_cls()

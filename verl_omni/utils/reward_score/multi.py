@@ -4,6 +4,8 @@ reward_i = Σ_k w_k·s_ik / Σ_k w_k over the scorers k that scored sample i (wi
 present and weights summing to 1 this is the weighted sum). A required scorer that fails raises
 :class:`ScorerError` naming it and its cause; an optional one is logged and left out of the mean
 of the samples it failed on, never counted as 0. A sample that no scorer could score raises.
+Video samples reach each scorer through :func:`~verl_omni.utils.reward_score.video.score_any`
+(image scorers per frame, with the entry's ``frame_stride``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 
 from verl_omni.utils.reward_score.base import ScoreBatch, Scorer, ScorerError, build_params, check_scores
 from verl_omni.utils.reward_score.registry import get_scorer_cls
+from verl_omni.utils.reward_score.video import score_any
 
 logger = logging.getLogger(__name__)
 
@@ -24,10 +27,13 @@ EXTRA_INFO_PREFIX = "reward/"
 
 @dataclass
 class WeightedScorer:
+    """One term: ``frame_stride`` keeps frames ``0, s, 2s, ...`` of video samples (``video.py``)."""
+
     name: str
     scorer: Scorer
     weight: float
     required: bool
+    frame_stride: int = 1
 
 
 @dataclass
@@ -63,7 +69,8 @@ class MultiReward:
         for i, cfg in enumerate(configs):
             scorer_cls = get_scorer_cls(cfg.type)
             params = build_params(scorer_cls.params_cls, cfg.params, f"{key}[{i}].params")
-            entries.append(WeightedScorer(cfg.label, scorer_cls(params), float(cfg.weight), bool(cfg.required)))
+            scorer = scorer_cls(params)
+            entries.append(WeightedScorer(cfg.label, scorer, float(cfg.weight), bool(cfg.required), cfg.frame_stride))
         return cls(entries)
 
     async def score(self, batch: ScoreBatch) -> MultiRewardResult:
@@ -80,7 +87,7 @@ class MultiReward:
     @staticmethod
     async def _run_one(entry: WeightedScorer, batch: ScoreBatch) -> list[float | None]:
         try:
-            scores = await entry.scorer.score(batch)
+            scores = await score_any(entry.scorer, batch, entry.name, entry.frame_stride)
         except ScorerError as e:
             if entry.required:
                 raise ScorerError(f"required scorer {entry.name!r} failed: {e}") from e

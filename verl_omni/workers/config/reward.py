@@ -31,6 +31,8 @@ class ScorerConfig(BaseConfig):
         required (bool): if True a failure of this scorer raises; if False it is logged and the
             scorer is left out of the weighted mean of the affected samples. Default True.
         params (dict): scorer parameters, checked by the scorer's own params dataclass.
+        frame_stride (int): on video samples ``[F, 3, H, W]``, score frames ``0, s, 2s, ...`` only;
+            an image scorer's score is the mean over those frames (docs/reward.md, "Videos"). Default 1.
     """
 
     type: str = ""
@@ -38,6 +40,7 @@ class ScorerConfig(BaseConfig):
     weight: float = 1.0
     required: bool = True
     params: dict = field(default_factory=dict)
+    frame_stride: int = 1
 
     @property
     def label(self) -> str:
@@ -50,6 +53,8 @@ class ScorerConfig(BaseConfig):
 
         if not isinstance(self.weight, int | float) or not math.isfinite(self.weight) or self.weight <= 0:
             raise ValueError(f"{key}.weight must be a finite number > 0, got {self.weight!r}")
+        if isinstance(self.frame_stride, bool) or not isinstance(self.frame_stride, int) or self.frame_stride < 1:
+            raise ValueError(f"{key}.frame_stride must be an integer >= 1, got {self.frame_stride!r}")
         if self.label == "mean":
             raise ValueError(f"{key}.name 'mean' is reserved for the combined reward metric")
         try:
@@ -77,10 +82,14 @@ class DiffusionRewardConfig(BaseConfig):
         resource_pool (str): where those GPUs come from: ``own`` (GPUs of their own, outside the
             actor's placement groups) or ``actor`` (a share of the actor's GPUs: the workers are placed
             round-robin on the actor's bundles). Default ``own``. Layouts: docs/reward.md, "Devices".
-        image_key (str): ``DataProto.batch`` key of the uint8 ``[B, 3, H, W]`` images. Default ``responses``.
+        image_key (str): ``DataProto.batch`` key of the uint8 images ``[B, 3, H, W]`` or videos
+            ``[B, F, 3, H, W]``. Default ``responses``.
         prompt_key (str): ``non_tensor_batch`` key of the prompt (text or chat messages). Default ``raw_prompt``.
         ground_truth_key (str): ``non_tensor_batch`` key of the optional target text (a string or a
             dict with ``ground_truth``). Default ``reward_model``.
+        source_images_key (str | None): ``non_tensor_batch`` key of each sample's source images (an
+            edit's inputs: a list of images, or verl's ``multi_modal_data`` dict); None reads them from
+            the image parts of the prompt's last user turn, where verl's dataset puts them. Default None.
     """
 
     scorers: list = field(default_factory=list)
@@ -93,6 +102,7 @@ class DiffusionRewardConfig(BaseConfig):
     image_key: str = "responses"
     prompt_key: str = "raw_prompt"
     ground_truth_key: str = "reward_model"
+    source_images_key: str | None = None
 
     def __post_init__(self):
         if not self.scorers:
