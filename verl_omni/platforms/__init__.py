@@ -86,9 +86,11 @@ def omni_platform_plugin() -> str | None:
 
 
 def omni_general_plugin() -> None:
-    """Entry point of group ``vllm_omni.general_plugins``: CPU-only runtime patches."""
-    if not cpu_platform_enabled():
-        return
+    """Entry point of group ``vllm_omni.general_plugins``: on every device the engine passes our rollouts' final
+    pixels through its post-process (:func:`cpu_patches.patch_final_pixels_postprocess`); on CPU, the CPU
+    runtime patches."""
     from verl_omni.platforms import cpu_patches
 
-    cpu_patches.apply_all()
+    cpu_patches.patch_final_pixels_postprocess()
+    if cpu_platform_enabled():
+        cpu_patches.apply_all()
