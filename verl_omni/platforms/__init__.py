@@ -7,7 +7,8 @@ CUDA-build torch without a GPU. These plugins let the real engines run a tiny mo
 
 Selection: ``VERL_OMNI_CPU_PLATFORM=1`` forces the CPU platforms, ``=0`` disables them, unset
 (the default) enables them only when no accelerator is detected, so a GPU machine is
-unaffected.
+unaffected by them. The general plugin also installs, on every device, the engine hook that passes
+our rollouts' final pixels through the post-process (:func:`omni_general_plugin`).
 """
 
 import logging
