@@ -75,3 +75,31 @@ def test_z_image_gap_is_worked_around_on_its_versions_only(tmp_path, caplog):
             assert pipeline_z_image.ZImageTransformer2DModel is original
     message = " ".join(r.getMessage() for r in caplog.records if r.name == cpu_patches.__name__)
     assert "z_image_transformer_sizes" in message and "found 0.27.0" in message and "PIPELINE_GAPS" in message
+
+
+def test_final_pixels_hook_is_installed_once_on_its_versions_only(caplog):
+    """On 0.26 the engine's post-process lookup is wrapped once (an engine built afterwards passes a rollout's final
+    pixels through, ``tests/pipelines/test_rollout_output.py``); on another version a warning names the gap."""
+    from vllm_omni.diffusion import diffusion_engine
+
+    assert cpu_patches.patch_final_pixels_postprocess()
+    lookup = diffusion_engine.get_diffusion_post_process_func
+    assert lookup.__name__ == "post_process_lookup"
+    assert cpu_patches.patch_final_pixels_postprocess()
+    assert diffusion_engine.get_diffusion_post_process_func is lookup
+    with caplog.at_level(logging.WARNING, logger=cpu_patches.__name__):
+        assert not cpu_patches.patch_final_pixels_postprocess(installed="0.28.1")
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == cpu_patches.__name__)
+    assert "final_pixels_postprocess" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message
+
+
+def test_the_general_plugin_installs_the_final_pixels_hook_off_the_cpu_platform_too(fresh_python):
+    code = (
+        "import os\n"
+        "os.environ['VERL_OMNI_CPU_PLATFORM'] = '0'\n"
+        "from verl_omni.platforms import cpu_patches, omni_general_plugin\n"
+        "omni_general_plugin()\n"
+        "from vllm_omni.diffusion import diffusion_engine\n"
+        "print(diffusion_engine.get_diffusion_post_process_func.__name__, sorted(cpu_patches._applied))\n"
+    )
+    assert "post_process_lookup []" in fresh_python(code)

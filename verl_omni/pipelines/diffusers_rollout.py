@@ -6,16 +6,12 @@ adds what a log-prob rollout needs around that loop: the requests of one transfo
 guidance), the prompt text for models with several tokenizers, per-sample conditioning, and the
 per-request outputs.
 
-Output per request: the images ``[N, 3, H, W]`` in [-1, 1] as the ``output`` tensor (the model's
-stock vLLM-Omni post-process turns them into PIL images) and the trajectory as a dict in
-``DiffusionOutput.trajectory_latents``: what the recorder recorded (``all_latents`` packed to
-``[N, W+1, S, 4C]``, ``rollout_log_probs``, ``all_timesteps``, ``window_start``; an ODE request's
-``clean_latents`` packed to ``[N, S, 4C]``) and the conditioning named by the model's adapter, one row
-for the request's N samples (:func:`shared_row`). Qwen-Image and BAGEL send the trajectory inside the
-``{"payload": ...}`` envelope instead; vLLM-Omni 0.26's SD3, FLUX and Z-Image post-process
-functions take an image tensor only, so these pipelines use the field vLLM-Omni keeps for
-trajectories (``OmniRequestOutput.trajectory_latents`` on the client, read by
-``engine.unpack_request_output``).
+Output per request (:func:`~verl_omni.pipelines.rollout_output.request_output`): its images as uint8 pixels
+made on the device and its trajectory, the tensors the engine carries through shared memory left on the device:
+what the recorder recorded (``all_latents`` packed to ``[N, W+1, S, 4C]``, ``rollout_log_probs``,
+``all_timesteps``, ``window_start``; an ODE request's ``clean_latents`` packed to ``[N, S, 4C]``) and the
+conditioning named by the model's adapter, one row for the request's N samples (:func:`shared_row`), read by
+``engine.unpack_request_output``.
 """
 
 from __future__ import annotations
@@ -27,6 +23,7 @@ from vllm_omni.diffusion.data import DiffusionOutput
 
 from verl_omni.pipelines.diffusers_adapter import pack_latents
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RolloutRecorder, shared_row
+from verl_omni.pipelines.rollout_output import all_finite, request_output
 from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 
@@ -66,9 +63,9 @@ class DiffusersRolloutMixin:
 
     @staticmethod
     def _request_conditioning(conditioning: dict[str, torch.Tensor], rows: range) -> dict[str, torch.Tensor]:
-        """A request's conditioning, once for its samples (:func:`shared_row`), on the host; a ``key`` with a
+        """A request's conditioning, once for its samples (:func:`shared_row`), on the device; a ``key`` with a
         ``key_mask`` loses the padding columns only its batch companions needed."""
-        out = {k: v[shared_row(rows)].detach().cpu() for k, v in conditioning.items()}
+        out = {k: v[shared_row(rows)].detach() for k, v in conditioning.items()}
         for key in [k for k in out if f"{k}_mask" in out]:
             length = int(out[f"{key}_mask"].sum(dim=1).max())
             out[key], out[f"{key}_mask"] = out[key][:, :length], out[f"{key}_mask"][:, :length]
@@ -82,11 +79,10 @@ class DiffusersRolloutMixin:
         packed: bool,
     ) -> list[DiffusionOutput]:
         """One output per request: its images and its trajectory (latents packed unless ``packed`` already)."""
-        if not bool(torch.isfinite(images).all()):
+        if not all_finite(images):
             raise FloatingPointError("decoded rollout images have non-finite pixels")
         outputs = []
-        # packed on the device, then copied to the host once (a host-side pack is a CPU copy of every latent on
-        # the request's critical path)
+        # packed on the device: what leaves the device is the layout the trainer reads
         for rows, recorded in zip(recorder.rows(), recorder.split_on_device(), strict=True):
             trajectory: dict[str, Any] = dict(recorded)
             if not packed:
@@ -96,9 +92,6 @@ class DiffusersRolloutMixin:
                 trajectory["all_latents"] = flat.reshape(n, w1, *flat.shape[1:])
                 if CLEAN_LATENTS_KEY in trajectory:
                     trajectory[CLEAN_LATENTS_KEY] = pack_latents(trajectory[CLEAN_LATENTS_KEY])
-            trajectory = {k: v.cpu() for k, v in trajectory.items()}
             trajectory |= self._request_conditioning(conditioning, rows)
-            outputs.append(
-                DiffusionOutput(output=images[rows.start : rows.stop].float(), trajectory_latents=trajectory)
-            )
+            outputs.append(request_output(images[rows.start : rows.stop], trajectory))
         return outputs

@@ -7,7 +7,8 @@ CUDA-build torch without a GPU. These plugins let the real engines run a tiny mo
 
 Selection: ``VERL_OMNI_CPU_PLATFORM=1`` forces the CPU platforms, ``=0`` disables them, unset
 (the default) enables them only when no accelerator is detected, so a GPU machine is
-unaffected.
+unaffected by them. The general plugin also installs, on every device, the engine hook that passes
+our rollouts' final pixels through the post-process (:func:`omni_general_plugin`).
 """
 
 import logging
@@ -86,9 +87,11 @@ def omni_platform_plugin() -> str | None:
 
 
 def omni_general_plugin() -> None:
-    """Entry point of group ``vllm_omni.general_plugins``: CPU-only runtime patches."""
-    if not cpu_platform_enabled():
-        return
+    """Entry point of group ``vllm_omni.general_plugins``: on every device the engine passes our rollouts' final
+    pixels through its post-process (:func:`cpu_patches.patch_final_pixels_postprocess`); on CPU, the CPU
+    runtime patches."""
     from verl_omni.platforms import cpu_patches
 
-    cpu_patches.apply_all()
+    cpu_patches.patch_final_pixels_postprocess()
+    if cpu_platform_enabled():
+        cpu_patches.apply_all()

@@ -312,6 +312,11 @@ PIPELINE_GAPS = {
     # vllm_omni/diffusion/models/z_image/pipeline_z_image.py: ``ZImagePipeline.__init__`` calls
     # ``ZImageTransformer2DModel()`` with the released 6B model's sizes, ignoring ``transformer/config.json``
     "z_image_transformer_sizes": ("0.26.",),
+    # vllm_omni/diffusion/diffusion_engine.py: ``DiffusionEngine.postprocess_output`` always runs the model's
+    # post-process (SD3, FLUX, Z-Image, Qwen-Image: float images to PIL); a pipeline cannot return final pixels
+    # (only SD3's and FLUX's honour ``output_type="latent"``). Read with it: vllm_omni/diffusion/ipc.py
+    # ``_SHM_TENSOR_THRESHOLD``, above which the worker moves an output tensor through shared memory
+    "final_pixels_postprocess": ("0.26.",),
 }
 
 
@@ -357,3 +362,64 @@ def z_image_transformer_from_checkpoint(model_path: str, installed: str | None =
         yield
     finally:
         pipeline_z_image.ZImageTransformer2DModel = original
+
+
+# ---- final pixels: the engine passes a rollout's uint8 images through (every device) ----------------
+
+# the every-device engine patches applied in this process (apart from the CPU patches' ``_applied``)
+_gaps_worked_around: set[str] = set()
+
+
+@functools.cache
+def final_pixels_passthrough(installed: str | None = None) -> bool:
+    """Whether rollout pipelines return final pixels (``pipelines.rollout_output``): gap ``final_pixels_postprocess``
+    is open in this vLLM-Omni version, so :func:`patch_final_pixels_postprocess` passes them through. Both sides
+    ask this (the worker's pipeline and the engine's general plugin), so they agree; cached: one warning."""
+    return gap_open("final_pixels_postprocess", installed)
+
+
+def shm_tensor_threshold() -> int:
+    """Bytes above which vLLM-Omni's worker moves an output tensor through shared memory (the rest is pickled)."""
+    from vllm_omni.diffusion import ipc
+
+    return ipc._SHM_TENSOR_THRESHOLD
+
+
+def _passing_final_pixels(post_process):
+    @functools.wraps(post_process)
+    def post_process_or_pass(output, *args, **kwargs):
+        """The model's post-process, except for a rollout's final pixels, returned as they are."""
+        from verl_omni.pipelines.rollout_output import is_final_pixels_output
+
+        return output if is_final_pixels_output(output) else post_process(output, *args, **kwargs)
+
+    return post_process_or_pass
+
+
+def _make_final_pixels_lookup(original):
+    def post_process_lookup(od_config):
+        """The model's post-process (None: none), wrapped to pass final pixels through."""
+        post_process = original(od_config)
+        return None if post_process is None else _passing_final_pixels(post_process)
+
+    return post_process_lookup
+
+
+def patch_final_pixels_postprocess(installed: str | None = None) -> bool:
+    """Gap ``final_pixels_postprocess``: every engine built after this call wraps its model's post-process so
+    that a rollout output whose image is already uint8 pixels passes unchanged (any other output, e.g. a stock
+    pipeline's in the same process, is post-processed as before). The wrapper keeps the post-process's
+    signature (``functools.wraps``), which the engine inspects for a ``sampling_params`` parameter. Applied from
+    the general plugin on every device; returns whether it is in place. Remove once vLLM-Omni lets a pipeline
+    mark its output final."""
+    if not final_pixels_passthrough(installed):
+        return False
+    if "final_pixels_postprocess" in _gaps_worked_around:
+        return True
+    from vllm_omni.diffusion import diffusion_engine
+
+    lookup = diffusion_engine.get_diffusion_post_process_func
+    diffusion_engine.get_diffusion_post_process_func = _make_final_pixels_lookup(lookup)
+    _gaps_worked_around.add("final_pixels_postprocess")
+    logger.info("verl_omni engine patch applied: final rollout pixels pass the post-process")
+    return True

@@ -8,15 +8,13 @@ overridden only to take token ids, give every sample its own generator and SDE w
 return the trajectory; all requests of an engine batch, each with N samples, share one
 transformer batch.
 
-Per request the output carries, batched over its N samples (see DESIGN.md §3):
-``image`` [N, 3, H, W] in [-1, 1] (the engine's post-process turns it into PIL images) and a
-``trajectory`` payload with what the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder`
-recorded (``all_latents`` [N, W+1, S, C] packed, ``rollout_log_probs`` [N, W], ``all_timesteps``
-[N, W], ``window_start`` [N]) plus ``prompt_embeds`` [1, L, D], ``prompt_embeds_mask``
-[1, L] and, with CFG, ``negative_prompt_embeds``/``negative_prompt_embeds_mask``: the request's
-conditioning once, shared by its N samples (``engine.unpack_request_output`` repeats it). The prompt
-embeddings travel in the trajectory payload because it is the one payload entry vLLM-Omni 0.26
-forwards to the client unchanged.
+Per request the output carries, batched over its N samples (see DESIGN.md §3, and
+:mod:`verl_omni.pipelines.rollout_output` for how it travels): the images as uint8 pixels [N, 3, H, W] and a
+trajectory with what the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder` recorded
+(``all_latents`` [N, W+1, S, C] packed, ``rollout_log_probs`` [N, W], ``all_timesteps`` [N, W],
+``window_start`` [N]) plus ``prompt_embeds`` [1, L, D], ``prompt_embeds_mask`` [1, L] and, with CFG,
+``negative_prompt_embeds``/``negative_prompt_embeds_mask``: the request's conditioning once, shared by its N
+samples (``engine.unpack_request_output`` repeats it).
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ from verl_omni.pipelines.qwen_image.rollout_request import (
     parse_rollout_request,
 )
 from verl_omni.pipelines.recorder import RolloutRecorder, shared_row
+from verl_omni.pipelines.rollout_output import all_finite, request_output
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
 
@@ -173,10 +172,9 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
         latents = self._denoise(recorder, latents, recorder.loop_timesteps, cond, settings)
         self._current_timestep = None
 
-        # 4. Decode and split per request.
-        # fp32 on the device: vLLM-Omni's transfer and post-process would each cast bf16 images on the host
-        images = self._decode_latents(latents, settings.height, settings.width, "pt").output.float()
-        if not bool(torch.isfinite(images).all()):
+        # 4. Decode and split per request (each request's pixels made on the device, rollout_output).
+        images = self._decode_latents(latents, settings.height, settings.width, "pt").output
+        if not all_finite(images):
             raise FloatingPointError(f"decoded images of requests {req.request_ids} have non-finite pixels")
         return self._split_outputs(recorder, images, cond)
 
@@ -223,11 +221,11 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
     def _trim(embeds: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Drop the padding columns a request only has because of its batch companions."""
         length = int(mask.sum(dim=1).max())
-        return embeds[:, :length].detach().cpu(), mask[:, :length].detach().cpu()
+        return embeds[:, :length].detach(), mask[:, :length].detach()
 
     def _split_outputs(self, recorder: RolloutRecorder, images: torch.Tensor, cond: Conditioning):
         outputs = []
-        for rows, recorded in zip(recorder.rows(), recorder.split(), strict=True):
+        for rows, recorded in zip(recorder.rows(), recorder.split_on_device(), strict=True):
             first = shared_row(rows)
             embeds, mask = self._trim(cond.embeds[first], cond.mask[first])
             trajectory = {
@@ -239,9 +237,5 @@ class QwenImageLogProbPipeline(QwenImagePipeline):
                 n_embeds, n_mask = self._trim(cond.negative_embeds[first], cond.negative_mask[first])
                 trajectory["negative_prompt_embeds"] = n_embeds
                 trajectory["negative_prompt_embeds_mask"] = n_mask
-            # the trajectory travels once, in the payload: DiffusionOutput's trajectory_* fields are only
-            # vLLM-Omni's fallback for it and would be copied through shared memory a second time
-            outputs.append(
-                DiffusionOutput(output={"payload": {"image": images[rows.start : rows.stop], "trajectory": trajectory}})
-            )
+            outputs.append(request_output(images[rows.start : rows.stop], trajectory))
         return outputs

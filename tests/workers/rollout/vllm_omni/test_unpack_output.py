@@ -74,3 +74,63 @@ def test_each_image_becomes_contiguous_uint8_channels_first_as_pil_reads_it(mode
         expected = torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1)
         assert sample.diffusion_output.dtype == torch.uint8 and sample.diffusion_output.is_contiguous()
         assert torch.equal(sample.diffusion_output, expected)
+
+
+def final_pixels_output(**overrides):
+    """An output as the final-pixels path delivers it: one uint8 ``[N, 3, H, W]`` tensor as the images."""
+    request = output(**overrides)
+    request.images = [
+        torch.randint(0, 256, (N, 3, 6, 5), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    ]
+    return request
+
+
+def test_final_pixels_are_split_into_each_samples_image():
+    request = final_pixels_output()
+    for i, sample in enumerate(unpack_request_output(request, N)):
+        assert sample.diffusion_output.shape == (3, 6, 5) and torch.equal(sample.diffusion_output, request.images[0][i])
+
+
+@pytest.mark.parametrize(
+    "pixels, message",
+    [
+        (torch.zeros(N, 3, 6, 5), "engine returned torch.float32 images: the rollout's final pixels are uint8"),
+        (torch.zeros(N - 1, 3, 6, 5, dtype=torch.uint8), f"engine returned {N - 1} images for {N} samples"),
+    ],
+)
+def test_final_pixels_of_another_dtype_or_count_are_refused(pixels, message):
+    request = final_pixels_output()
+    request.images = [pixels]
+    with pytest.raises(RuntimeError, match=message):
+        unpack_request_output(request, N)
+
+
+@pytest.mark.parametrize("name", ["all_latents", "rollout_log_probs", "all_timesteps"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_recorded_value_is_refused(name, bad):
+    request = final_pixels_output()
+    request.multimodal_output["trajectory"][name].view(-1)[-1] = bad
+    with pytest.raises(FloatingPointError, match=f"trajectory {name} of request r0 has non-finite values"):
+        unpack_request_output(request, N)
+
+
+def test_own_storage_sends_each_sample_alone_and_the_shared_row_once():
+    """Pickled together (Ray's return of ``generate_batched``), the samples carry their own rows only: the
+    request's latents and pixels once in all, its conditioning row once, where views would carry them N times."""
+    import pickle
+
+    from verl_omni.workers.rollout.vllm_omni.schemas import own_storage
+
+    request = final_pixels_output(all_latents=torch.randn(N, W + 1, 64, 64), prompt_embeds=torch.randn(1, 64, 64))
+    trajectory = request.multimodal_output["trajectory"]
+    views = unpack_request_output(request, N)
+    view_bytes = len(pickle.dumps(views))
+    samples = own_storage(unpack_request_output(request, N))
+    latent_bytes, embed_bytes = trajectory["all_latents"].nbytes, trajectory["prompt_embeds"].nbytes
+    assert view_bytes > N * latent_bytes
+    assert latent_bytes + embed_bytes < len(pickle.dumps(samples)) < 1.1 * (latent_bytes + embed_bytes)
+    assert samples[0].extra_fields["prompt_embeds"] is samples[-1].extra_fields["prompt_embeds"]
+    for i, (sample, view) in enumerate(zip(samples, views, strict=True)):
+        assert torch.equal(sample.diffusion_output, view.diffusion_output)
+        assert torch.equal(sample.extra_fields["all_latents"], trajectory["all_latents"][i])
+        assert sample.extra_fields["all_latents"].untyped_storage().nbytes() == latent_bytes // N

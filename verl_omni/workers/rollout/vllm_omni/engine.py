@@ -16,6 +16,7 @@ import torch
 
 from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
+from verl_omni.pipelines.rollout_output import all_finite
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.workers.config.rollout import (
@@ -67,7 +68,8 @@ def build_sampling_params(
 
 
 def _image_to_uint8(image) -> torch.Tensor:
-    """PIL image (what vLLM-Omni's image post-processes return) to uint8 ``[3, H, W]``.
+    """PIL image (what a stock vLLM-Omni image post-process returns: BAGEL's, or any model's off the final-pixels
+    path) to uint8 ``[3, H, W]``.
 
     Channel planes from PIL's own split: an RGB image is not converted (a copy) and no strided
     HWC → CHW copy is made (torch's uint8 permute copy cost ~2 ms per 512² image on the GPU host,
@@ -78,44 +80,67 @@ def _image_to_uint8(image) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.asarray(channel, dtype=np.uint8) for channel in image.split()]))
 
 
-def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
-    """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
+def _request_images(images: list, num_outputs_per_prompt: int) -> list[torch.Tensor]:
+    """Per sample, uint8 ``[3, H, W]``: from the request's final pixels (one uint8 ``[N, 3, H, W]`` tensor,
+    ``pipelines.rollout_output``) or from N PIL images."""
+    if len(images) == 1 and isinstance(images[0], torch.Tensor) and images[0].dim() == 4:
+        pixels = images[0]
+        if pixels.dtype != torch.uint8:
+            raise RuntimeError(f"engine returned {pixels.dtype} images: the rollout's final pixels are uint8")
+        if pixels.shape[0] != num_outputs_per_prompt:
+            raise RuntimeError(f"engine returned {pixels.shape[0]} images for {num_outputs_per_prompt} samples")
+        return list(pixels.unbind(0))
+    if len(images) != num_outputs_per_prompt:
+        raise RuntimeError(f"engine returned {len(images)} images for {num_outputs_per_prompt} samples")
+    return [_image_to_uint8(image) for image in images]
 
-    Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
-    uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry
-    (``RECORDED_KEYS``, an ODE request's ``clean_latents``) has N rows, a conditioning entry N rows or
-    the request's one shared row (``recorder.shared_row``), given to every sample; ``rollout_log_probs``
-    becomes the sample's ``rollout_log_probs``, the others its ``extra_fields`` under the same names.
-    """
+
+def _request_trajectory(output) -> dict[str, torch.Tensor]:
+    """The trajectory of one engine request: in the payload (``pipelines.rollout_output``, BAGEL) or, off the
+    final-pixels path, in the field vLLM-Omni keeps for it."""
     trajectory = (output.multimodal_output or {}).get("trajectory")
     if trajectory is None and isinstance(getattr(output, "trajectory_latents", None), dict):
-        # SD3 / FLUX / Z-Image: vLLM-Omni 0.26's post-process of these models takes an image tensor, not the
-        # payload envelope, so their pipelines send the trajectory in the field kept for it (diffusers_rollout)
         trajectory = output.trajectory_latents
     if trajectory is None:
         raise RuntimeError(
             "engine output has no trajectory payload: is the engine running a log-prob rollout pipeline "
             "(the model adapter's rollout_pipeline)?"
         )
-    if len(output.images) != num_outputs_per_prompt:
-        raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
+    return trajectory
+
+
+def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
+    """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
+
+    Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
+    uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry
+    (``RECORDED_KEYS``, an ODE request's ``clean_latents``) has N rows, a conditioning entry N rows or
+    the request's one shared row (``recorder.shared_row``), given to every sample as one tensor (pickled
+    once when the samples travel together); ``rollout_log_probs`` becomes the sample's ``rollout_log_probs``,
+    the others its ``extra_fields`` under the same names. Per-sample rows are views of the request's tensors:
+    before they leave the process, :func:`~verl_omni.workers.rollout.vllm_omni.schemas.own_storage`.
+    """
+    trajectory = _request_trajectory(output)
+    images = _request_images(output.images, num_outputs_per_prompt)
     for name, value in trajectory.items():
         per_sample = name in RECORDED_KEYS or name == CLEAN_LATENTS_KEY
         rows = (num_outputs_per_prompt,) if per_sample else (num_outputs_per_prompt, 1)
         if value.shape[0] not in rows:
             raise RuntimeError(f"trajectory {name} has {value.shape[0]} rows for {num_outputs_per_prompt} samples")
     for name in ("all_latents", "rollout_log_probs", "all_timesteps"):
-        if not bool(torch.isfinite(trajectory[name]).all()):
+        if not all_finite(trajectory[name]):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
+    columns = {
+        name: list(value.unbind(0)) if value.shape[0] > 1 else [value[0]] * num_outputs_per_prompt
+        for name, value in trajectory.items()
+    }
     outputs = []
-    for i, image in enumerate(output.images):
-        extra = {k: v[i if v.shape[0] > 1 else 0] for k, v in trajectory.items() if k != "rollout_log_probs"}
+    for i, image in enumerate(images):
+        extra = {name: rows[i] for name, rows in columns.items() if name != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
-                diffusion_output=_image_to_uint8(image),
-                rollout_log_probs=trajectory["rollout_log_probs"][i],
-                extra_fields=extra,
+                diffusion_output=image, rollout_log_probs=columns["rollout_log_probs"][i], extra_fields=extra
             )
         )
     return outputs

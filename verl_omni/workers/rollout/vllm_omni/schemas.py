@@ -28,3 +28,30 @@ class DiffusionOutput:
     extra_fields: dict[str, Any] = field(default_factory=dict)
     stop_reason: str = "completed"
     num_preempted: int | None = None
+
+
+def own_storage(outputs: list[DiffusionOutput]) -> list[DiffusionOutput]:
+    """``outputs`` with every tensor that is a view of a larger one copied out of it, for a pickle (Ray's
+    return of ``generate_batched``).
+
+    ``engine.unpack_request_output`` hands each sample views of the request's batched tensors, and pickle
+    writes a view's whole storage: N samples of a request would carry N times its trajectory and images. A
+    tensor shared by the samples (the request's conditioning row) stays one object: copied once, pickled once.
+    """
+    # id -> (view, copy): the views are kept alive while ids are compared
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def own(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if value.untyped_storage().nbytes() <= value.numel() * value.element_size():
+            return value
+        if id(value) not in copies:
+            copies[id(value)] = (value, value.clone())
+        return copies[id(value)][1]
+
+    for output in outputs:
+        output.diffusion_output = own(output.diffusion_output)
+        output.rollout_log_probs = own(output.rollout_log_probs)
+        output.extra_fields = {name: own(value) for name, value in output.extra_fields.items()}
+    return outputs

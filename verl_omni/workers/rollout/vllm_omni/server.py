@@ -19,7 +19,7 @@ from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
 from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
-from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
+from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput, own_storage
 
 logger = logging.getLogger(__name__)
 
@@ -99,15 +99,17 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         self.omni.shutdown()
 
     async def _engine_call(self, request_id: str, num_outputs_per_prompt: int, **kwargs) -> list[DiffusionOutput]:
-        """The single path to the engine; ``generate`` and ``generate_batched`` both go through it."""
+        """The single path to the engine; ``generate`` and ``generate_batched`` both go through it. Its samples
+        leave this actor through Ray's pickle, each in its own memory (:func:`own_storage`)."""
         if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
             raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
         await self._resume_event.wait()
         self._inflight.add(request_id)
         try:
-            return await self.omni.engine_call(
+            outputs = await self.omni.engine_call(
                 request_id=request_id, num_outputs_per_prompt=num_outputs_per_prompt, **kwargs
             )
+            return own_storage(outputs)
         finally:
             self._inflight.discard(request_id)
 
