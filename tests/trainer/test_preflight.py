@@ -412,3 +412,15 @@ def test_entry_point_refuses_an_unserved_pairing_before_any_engine_or_ray(
     assert match in stderr and f"actor_rollout_ref.model.path={path}" in stderr
     assert not {"vllm", "vllm_omni"} & set(result["imported"]), result["imported"]
     assert not result["ray_started"]
+
+
+@pytest.mark.parametrize(
+    ("model", "num_frames", "allowed"), [("wan2_2", 6, "allowed: 1, 5, 9, ..."), ("qwen_image", 5, "allowed: 1")]
+)
+def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, tiny_model, model, num_frames, allowed):
+    path = tiny_model(model)
+    message = fails_before_ray(
+        compose(f"actor_rollout_ref.rollout.num_frames={num_frames}", model=path),
+        re.escape(f"actor_rollout_ref.rollout.num_frames={num_frames}: "),
+    )
+    assert f"actor_rollout_ref.model.path={path}" in message and allowed in message

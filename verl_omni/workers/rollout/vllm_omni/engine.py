@@ -51,6 +51,7 @@ def build_sampling_params(
     fields = {
         "height": spec.height,
         "width": spec.width,
+        "num_frames": spec.num_frames,
         "num_inference_steps": spec.num_inference_steps,
         "true_cfg_scale": spec.true_cfg_scale,
     }
