@@ -74,14 +74,28 @@ class DiffusionRewardManager(RewardManagerBase):
         prompts = [prompt_text(v, cfg.prompt_key) for v in data.non_tensor_batch[cfg.prompt_key]]
         truths = data.non_tensor_batch.get(cfg.ground_truth_key)
         targets = None if truths is None else [ground_truth_text(v, cfg.ground_truth_key) for v in truths]
-        return ScoreBatch(data.batch[cfg.image_key], prompts, targets)
+        images = data.batch[cfg.image_key]
+        if images.ndim == 5:
+            # videos [B, F, 3, H, W]: every frame is scored as an image with its video's prompt (run_batch averages)
+            frames = images.shape[1]
+            images = images.flatten(0, 1)
+            prompts = [p for p in prompts for _ in range(frames)]
+            targets = None if targets is None else [t for t in targets for _ in range(frames)]
+        return ScoreBatch(images, prompts, targets)
 
     async def run_batch(self, data: DataProto) -> list[dict]:
-        """Score every sample of ``data``; batched scorers see the whole batch at once."""
+        """Score every sample of ``data``; batched scorers see the whole batch at once. A video's reward and
+        per-scorer values are the means over its frames (the image scorers applied per frame)."""
         result = await self.reward.score(self.to_score_batch(data))
+        images = data.batch[self.reward_config.image_key]
+        frames = images.shape[1] if images.ndim == 5 else 1
+        rewards, infos = result.rewards, result.extra_infos()
         return [
-            {"reward_score": reward, "reward_extra_info": info}
-            for reward, info in zip(result.rewards, result.extra_infos(), strict=True)
+            {
+                "reward_score": sum(rewards[i : i + frames]) / frames,
+                "reward_extra_info": {k: sum(info[k] for info in infos[i : i + frames]) / frames for k in infos[i]},
+            }
+            for i in range(0, len(rewards), frames)
         ]
 
     async def run_single(self, data: DataProto) -> dict:

@@ -38,8 +38,10 @@ def _transformer():
     return WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
-        # the rotary embedding splits a head into time, height and width parts (8 + 4 + 4)
-        attention_head_dim=16,
+        # the rotary embedding splits a head into time, height and width parts: diffusers builds them as
+        # d - 2·2⌊d/6⌋, 2⌊d/6⌋, 2⌊d/6⌋ and vLLM-Omni 0.26 slices them as d - 2⌊d/3⌋, ⌊d/3⌋, ⌊d/3⌋, which agree only
+        # when 2⌊d/6⌋ = ⌊d/3⌋ (the released 128: 44 + 42 + 42; 16 would give 8 + 4 + 4 against 6 + 5 + 5)
+        attention_head_dim=24,
         in_channels=LATENT_CHANNELS,
         out_channels=LATENT_CHANNELS,
         text_dim=UMT5_D_MODEL,

@@ -79,8 +79,18 @@ def _image_to_uint8(image) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.asarray(channel, dtype=np.uint8) for channel in image.split()]))
 
 
+def _samples_to_uint8(images: list) -> list[torch.Tensor]:
+    """A request's samples as uint8 tensors: PIL images (image post-processes) ``[3, H, W]`` each; a video batch
+    (vLLM-Omni's video post-processes: one ``[N, F, H, W, 3]`` array in [0, 1] for the request's N samples)
+    ``[F, 3, H, W]`` each, rounded as diffusers turns [0, 1] pixels into 8 bits."""
+    if len(images) == 1 and isinstance(images[0], np.ndarray) and images[0].ndim == 5:
+        frames = np.clip(np.round(images[0] * 255.0), 0, 255).astype(np.uint8)
+        return [torch.from_numpy(np.ascontiguousarray(video.transpose(0, 3, 1, 2))) for video in frames]
+    return [_image_to_uint8(image) for image in images]
+
+
 def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
-    """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
+    """Split one engine request's output (N images or videos, trajectory batched over N) into N per-sample outputs.
 
     Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
     uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry
@@ -98,8 +108,9 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
             "engine output has no trajectory payload: is the engine running a log-prob rollout pipeline "
             "(the model adapter's rollout_pipeline)?"
         )
-    if len(output.images) != num_outputs_per_prompt:
-        raise RuntimeError(f"engine returned {len(output.images)} images for {num_outputs_per_prompt} samples")
+    samples = _samples_to_uint8(output.images)
+    if len(samples) != num_outputs_per_prompt:
+        raise RuntimeError(f"engine returned {len(samples)} images for {num_outputs_per_prompt} samples")
     for name, value in trajectory.items():
         per_sample = name in RECORDED_KEYS or name == CLEAN_LATENTS_KEY
         rows = (num_outputs_per_prompt,) if per_sample else (num_outputs_per_prompt, 1)
@@ -109,12 +120,12 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
         if not bool(torch.isfinite(trajectory[name]).all()):
             raise FloatingPointError(f"trajectory {name} of request {output.request_id} has non-finite values")
     outputs = []
-    for i, image in enumerate(output.images):
+    for i, sample in enumerate(samples):
         extra = {k: v[i if v.shape[0] > 1 else 0] for k, v in trajectory.items() if k != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
-                diffusion_output=_image_to_uint8(image),
+                diffusion_output=sample,
                 rollout_log_probs=trajectory["rollout_log_probs"][i],
                 extra_fields=extra,
             )
