@@ -74,3 +74,19 @@ def test_each_image_becomes_contiguous_uint8_channels_first_as_pil_reads_it(mode
         expected = torch.from_numpy(np.asarray(image.convert("RGB"))).permute(2, 0, 1)
         assert sample.diffusion_output.dtype == torch.uint8 and sample.diffusion_output.is_contiguous()
         assert torch.equal(sample.diffusion_output, expected)
+
+
+def test_a_video_requests_frame_array_becomes_uint8_frames_per_sample():
+    """vLLM-Omni's video post-process (Wan2.2) gives one ``[N, F, H, W, 3]`` array in [0, 1] for the request; each
+    sample gets its uint8 ``[F, 3, H, W]`` video, rounded as diffusers rounds pixels, beside its 5-D latents."""
+    frames = np.random.default_rng(0).random((N, 5, 8, 16, 3)).astype(np.float32)
+    request = output(all_latents=torch.randn(N, W + 1, 4, 2, 1, 2))
+    request.images = [frames]
+    samples = unpack_request_output(request, N)
+    for i, sample in enumerate(samples):
+        assert sample.diffusion_output.dtype == torch.uint8 and sample.diffusion_output.shape == (5, 3, 8, 16)
+        expected = torch.from_numpy(np.round(frames[i] * 255).astype(np.uint8)).permute(0, 3, 1, 2)
+        assert torch.equal(sample.diffusion_output, expected)
+        assert sample.extra_fields["all_latents"].shape == (W + 1, 4, 2, 1, 2)
+    with pytest.raises(RuntimeError, match=f"engine returned {N} images for {N + 1} samples"):
+        unpack_request_output(request, N + 1)
