@@ -4,8 +4,9 @@ Trainer runs (each a subprocess of the real entry point), all on the session's t
 cluster (``ray_cluster``: a head and a second node process on this machine, joined through
 ``ray_kwargs.ray_init.address``), shared by the tests below:
 
-* ``one[<model>]``, per model (Qwen-Image, SD3.5, FLUX.1, Z-Image): the same command with only
-  ``actor_rollout_ref.model.path`` changed (every other default works for every model): 1 rollout
+* ``one[<model>]``, per model (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video): the same command with
+  only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the video model also
+  samples 5 frames, ``MODEL_ARGS``): 1 rollout
   replica + 1 actor rank, the replica colocated with the rank (``trainer.colocate_rollout``, the
   one-GPU layout), 2 steps, the actor recomputes log π_old, a checkpoint every step with
   ``trainer.max_actor_ckpt_to_keep=1``; the saved LoRA loads in the model's diffusers pipeline and
@@ -41,7 +42,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image")
+MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2")
+# what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video)
+MODEL_ARGS = {"wan2_2": ("actor_rollout_ref.rollout.num_frames=5",)}
+# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check)
+PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}}
 # the last step of every run (and the step a resume redoes)
 STEPS = 2
 
@@ -61,6 +66,7 @@ def one(request, tiny_model, ray_cluster, prompt_files, tmp_path_factory):
         "trainer.colocate_rollout=true",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=1",
+        *MODEL_ARGS.get(request.param, ()),
     )
     print(f"{request.param}: 1 replica + 1 rank, {STEPS} steps: {wall:.0f} s")
     return out, records, model
@@ -153,9 +159,16 @@ def check_summary(run, model, steps: int) -> None:
     # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
-    tuned = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
+
+    def sample():
+        # an image pipeline's output has .images, a video pipeline's .frames
+        out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
+        return out.frames if hasattr(out, "frames") else out.images
+
+    tuned = sample()
     pipe.disable_lora()
-    base = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    base = sample()
     assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
     assert Image.open(run / CURVE_FILE).size == (640, 400)
 
