@@ -173,9 +173,26 @@ def check_summary(run, model, steps: int) -> None:
     assert Image.open(run / CURVE_FILE).size == (640, 400)
 
 
+def check_videos(run, model) -> None:
+    """A video model's validation writes an mp4 per sample that a player decodes to its frames; an image model none."""
+    import json
+
+    from verl_omni.utils.video import read_frames
+
+    videos = sorted(run.glob(f"images/val_step_{STEPS}/sample_*.mp4"))
+    frames = PIPELINE_ARGS.get(json.loads((model / "model_index.json").read_text())["_class_name"], {})
+    if "num_frames" not in frames:
+        assert not videos
+        return
+    assert videos, "no validation videos"
+    for path in videos:
+        assert read_frames(path).shape == (frames["num_frames"], 3, 32, 32)
+
+
 def test_one_replica_one_rank_trains_logs_and_syncs(one):
     run, records, model = one
     check_summary(run, model, STEPS)
+    check_videos(run, model)
     check_run(
         run,
         records,

@@ -106,6 +106,7 @@ class ModelAdapter:
         rollout_dtype (`str` or None): the dtype vLLM-Omni's pipeline of this model computes in on every
             device, whatever the rollout config says; None: the configured dtype (fp32 on CPU).
         latent_multiple (`int`): image sides must be multiples of it (VAE downsampling x latent patch size).
+        video_fps (`int`): frames per second a video model's samples play at (validation mp4s). Default 16.
         latent_ndim (`int`): dims of one sample's recorded latent at one step: 2 for packed image tokens
             ``[S, C]`` (every image model), 4 for a video latent ``[C, F', h, w]``.
         frame_multiple (`int` or None): a video model's frames per latent frame (its VAE's temporal compression):
@@ -133,6 +134,7 @@ class ModelAdapter:
     latent_multiple: ClassVar[int]
     frame_multiple: ClassVar[int | None] = None
     latent_ndim: ClassVar[int] = 2
+    video_fps: ClassVar[int] = 16
     guidance_style: ClassVar[str]
     default_true_cfg_scale: ClassVar[float] = 1.0
     default_guidance_scale: ClassVar[float | None] = None

@@ -55,6 +55,8 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
     # 16 pixels per latent cell (2x2 patchify x 8x VAE) x 2x2 transformer patches; 4 frames per latent frame
     latent_multiple = 32
     frame_multiple = 4
+    # the TI2V-5B model card's frame rate (720p at 24 fps)
+    video_fps = 24
     # one sample's latent per step: [C, F', h, w]
     latent_ndim = 4
     tokenizer_subfolder = "tokenizer"
