@@ -431,3 +431,13 @@ def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, 
         re.escape(f"actor_rollout_ref.rollout.num_frames={num_frames}: "),
     )
     assert f"actor_rollout_ref.model.path={path}" in message and allowed in message
+
+
+def test_training_the_two_expert_wan_is_refused_before_ray_until_it_is_built(compose, tiny_model):
+    """The A14B layout resolves to its own adapter (rollout and replay only): every algorithm is refused naming it."""
+    path = tiny_model("wan2_2_a14b")
+    message = fails_before_ray(
+        compose("actor_rollout_ref.rollout.num_frames=5", model=path),
+        r"algorithm=flow_grpo: Wan22A14BTrainingAdapter \(",
+    )
+    assert f"actor_rollout_ref.model.path={path}" in message and "algorithms this model serves: []" in message

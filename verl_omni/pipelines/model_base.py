@@ -139,6 +139,12 @@ class ModelAdapter:
     default_true_cfg_scale: ClassVar[float] = 1.0
     default_guidance_scale: ClassVar[float | None] = None
 
+    @classmethod
+    def for_checkpoint(cls, model_path: str | Path) -> type[ModelAdapter]:
+        """The adapter of this checkpoint: this class, or a variant of it when checkpoints of one architecture name
+        differ in layout (Wan2.2's ``WanPipeline``: one transformer or two experts). Read files only, no weights."""
+        return cls
+
     # ---- prompts -------------------------------------------------------------------------------
 
     @classmethod
@@ -271,6 +277,7 @@ def get_training_adapter(model_path: str | Path) -> type[ModelAdapter]:
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     try:
-        return TRAINING_ADAPTERS.get(architecture_name(model_path))
+        adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
     except ValueError as e:
         raise ValueError(f"model.path={model_path!s}: {e}") from None
+    return adapter.for_checkpoint(model_path)

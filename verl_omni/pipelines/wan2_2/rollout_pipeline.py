@@ -19,14 +19,19 @@ The videos leave as ``[N, 3, F, H, W]`` in [-1, 1]; vLLM-Omni's Wan post-process
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline, build_wan_scheduler
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
+from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 from verl_omni.pipelines.wan2_2.training_adapter import (
+    NUM_TRAIN_TIMESTEPS,
     TEXT_LENGTH,
     Wan22TrainingAdapter,
     flow_shift,
@@ -39,21 +44,33 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
 
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix)
+        # the TI2V-5B's adapter or the A14B's (two experts), as the trainer resolves it
+        self.adapter = get_training_adapter(od_config.model)
         self._check_model_facts()
         # vLLM-Omni's single-step Euler scheduler (the stock default, UniPC, is a multistep solver)
         self.scheduler = build_wan_scheduler("euler", flow_shift(od_config.model))
         self._sample_solver, self._flow_shift = "euler", self.scheduler._shift
 
     def _check_model_facts(self) -> None:
-        """The checkpoint's VAE and patch size must be those the adapter validates sizes and frames with."""
+        """The checkpoint's VAE, patch size and expert boundary must be those the adapter validates and replays with."""
         spatial = self.vae_scale_factor_spatial * self.transformer_config.patch_size[1]
         facts = {"latent_multiple": spatial, "frame_multiple": self.vae_scale_factor_temporal}
-        wrong = {k: v for k, v in facts.items() if getattr(Wan22TrainingAdapter, k) != v}
+        if self.transformer_2 is not None:
+            facts["boundary_ratio"] = self._boundary_ratio()
+        adapter = self.adapter
+        wrong = {k: v for k, v in facts.items() if getattr(adapter, k) != v}
         if wrong:
             raise ValueError(
-                f"{self.od_config.model}: its VAE and transformer give {wrong}, Wan22TrainingAdapter declares "
-                f"{ {k: getattr(Wan22TrainingAdapter, k) for k in wrong} }: this adapter serves the TI2V-5B layout"
+                f"{self.od_config.model}: its VAE, transformer and model_index.json give {wrong}, {adapter.__name__} "
+                f"declares { {k: getattr(adapter, k) for k in wrong} }"
             )
+
+    def _boundary_ratio(self) -> float | None:
+        """The expert boundary: the engine's ``boundary_ratio`` if set, else the checkpoint's ``model_index.json``."""
+        if self.boundary_ratio is not None:
+            return float(self.boundary_ratio)
+        index = json.loads((Path(self.od_config.model) / "model_index.json").read_text())
+        return None if index.get("boundary_ratio") is None else float(index["boundary_ratio"])
 
     def _conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
         """``[N, L, D]`` embeddings of each request's ids (zero past its tokens) and their ``[N, L]`` mask, per sample."""
@@ -110,13 +127,19 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
                 negative_prompt_embeds=negative,
                 guidance_low=spec.true_cfg_scale,
                 guidance_high=spec.true_cfg_scale,
-                boundary_timestep=None,
+                boundary_timestep=self._boundary_timestep(),
                 dtype=dtype,
                 attention_kwargs={},
             )
         self._current_timestep = None
         videos = self.vae.decode(self._denormalize(latents), return_dict=False)[0]
         return self.rollout_outputs(recorder, videos, cond, packed=True)
+
+    def _boundary_timestep(self) -> float | None:
+        """Where ``diffuse`` hands over from ``transformer`` to ``transformer_2`` (None: one transformer)."""
+        if self.transformer_2 is None:
+            return None
+        return self._boundary_ratio() * NUM_TRAIN_TIMESTEPS
 
     def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents ``[N, C, F', h, w]`` in the VAE's own scale (its per-channel mean and std), as the stock decode."""

@@ -32,7 +32,7 @@ VAE_SCALE_FACTOR_SPATIAL = 16
 VAE_SCALE_FACTOR_TEMPORAL = 4
 
 
-def _transformer():
+def _transformer(num_layers: int = 2):
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(
@@ -47,7 +47,7 @@ def _transformer():
         text_dim=UMT5_D_MODEL,
         freq_dim=16,
         ffn_dim=64,
-        num_layers=2,
+        num_layers=num_layers,
         cross_attn_norm=True,
         qk_norm="rms_norm_across_heads",
         eps=1e-6,
@@ -114,4 +114,48 @@ def build_tiny_wan2_2(out_dir: Path, seed: int = 0, dtype: str = "float32") -> P
         expand_timesteps=True,
     )
     logger.info("tiny Wan2.2 TI2V-5B written to %s", out)
+    return out
+
+
+# the two-expert A14B: its boundary (the high-noise expert takes t >= 875) and Wan2.1's VAE (8x, no patchify)
+A14B_BOUNDARY_RATIO = 0.875
+
+
+def _wan21_vae():
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(
+        base_dim=8,
+        z_dim=LATENT_CHANNELS,
+        dim_mult=[1, 2, 2, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.1, -0.2, 0.05, 0.0][:LATENT_CHANNELS],
+        latents_std=[1.5, 2.0, 1.2, 1.8][:LATENT_CHANNELS],
+    ).eval()
+
+
+def build_two_expert_wan(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """A tiny random Wan2.2 T2V-A14B (``transformer`` for the high-noise steps, ``transformer_2`` below the boundary,
+    Wan2.1's 8x VAE): the layout of ``Wan-AI/Wan2.2-T2V-A14B-Diffusers``, loadable with ``WanPipeline``. The two
+    experts have different depths so that swapping them is visible in any output."""
+    from diffusers import UniPCMultistepScheduler, WanPipeline
+
+    tokenizer = parts.t5_tokenizer()
+    out = parts.save_pipeline(
+        WanPipeline,
+        Path(out_dir),
+        seed,
+        dtype,
+        {
+            "transformer": _transformer,
+            "transformer_2": lambda: _transformer(num_layers=1),
+            "vae": _wan21_vae,
+            "text_encoder": lambda: _umt5_encoder(tokenizer),
+        },
+        scheduler=UniPCMultistepScheduler(**WAN_SCHEDULER_CONFIG),
+        tokenizer=tokenizer,
+        boundary_ratio=A14B_BOUNDARY_RATIO,
+    )
+    logger.info("tiny Wan2.2 T2V-A14B written to %s", out)
     return out

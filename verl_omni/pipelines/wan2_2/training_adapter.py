@@ -29,6 +29,8 @@ from verl_omni.pipelines.model_base import register_training_adapter
 TEXT_LENGTH = 512
 # the flow shift when the checkpoint's scheduler config names none (vLLM-Omni's Wan default)
 DEFAULT_FLOW_SHIFT = 5.0
+# the scheduler's timestep range: an expert boundary ratio r is the timestep 1000·r
+NUM_TRAIN_TIMESTEPS = 1000
 
 
 def flow_shift(model_path: str | Path) -> float:
@@ -68,6 +70,11 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
     rollout_name_map = ((".to_out.0.", ".to_out."),)
     fsdp_wrap_blocks = ("WanTransformerBlock",)
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
+
+    @classmethod
+    def for_checkpoint(cls, model_path: str | Path) -> type[Wan22TrainingAdapter]:
+        """The two-expert adapter for a checkpoint with ``transformer_2/`` (A14B), this one otherwise (TI2V-5B)."""
+        return Wan22A14BTrainingAdapter if (Path(model_path) / "transformer_2").is_dir() else cls
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
@@ -113,4 +120,63 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
         velocity = forward("")
         if spec.uses_cfg:
             velocity = classic_cfg(velocity, forward("negative_"), spec.true_cfg_scale)
+        return velocity
+
+
+class WanExperts(torch.nn.Module):
+    """The A14B's experts as one module: ``transformer`` denoises t >= the boundary, ``transformer_2`` below it."""
+
+    def __init__(self, transformer: torch.nn.Module, transformer_2: torch.nn.Module):
+        super().__init__()
+        self.transformer, self.transformer_2 = transformer, transformer_2
+
+
+class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
+    """Wan2.2 T2V-A14B (two experts, Wan2.1's 8x VAE): found by :meth:`Wan22TrainingAdapter.for_checkpoint`.
+
+    A recorded step is replayed by the expert that sampled it: ``transformer`` when its timestep is at least
+    ``boundary_ratio · 1000``, ``transformer_2`` below (vLLM-Omni's ``Wan22Pipeline.diffuse`` rule). Rollout and replay
+    only: LoRA and FSDP over both experts and their sync probe are not built, so no algorithm is served yet (a
+    training config is refused before Ray, docs/models.md "Video models").
+    """
+
+    # 8 pixels per latent cell (Wan2.1's VAE, no patchify) x 2x2 transformer patches
+    latent_multiple = 16
+    # the released T2V-A14B's model_index.json
+    boundary_ratio = 0.875
+    default_true_cfg_scale = 4.0
+    algorithms = ()
+
+    @classmethod
+    def for_checkpoint(cls, model_path: str | Path) -> type[Wan22TrainingAdapter]:
+        return cls
+
+    @classmethod
+    def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        import diffusers
+
+        load = getattr(diffusers, cls.transformer_class).from_pretrained
+        root = Path(model_path)
+        return WanExperts(
+            load(root / "transformer", torch_dtype=dtype), load(root / "transformer_2", torch_dtype=dtype)
+        )
+
+    @classmethod
+    def high_noise(cls, timesteps: torch.Tensor) -> torch.Tensor:
+        """``[B]`` bool: which recorded timesteps the high-noise expert (``transformer``) sampled."""
+        return timesteps >= cls.boundary_ratio * NUM_TRAIN_TIMESTEPS
+
+    @classmethod
+    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
+        """The one-transformer velocity, each sample's from the expert that sampled its step ``step``."""
+        high = cls.high_noise(batch["all_timesteps"][:, step])
+        keys = [k for k in ("all_latents", "all_timesteps", *cls.recorded_keys()) if k in batch.keys()]
+        velocity = None
+        for expert, rows in ((module.transformer, high), (module.transformer_2, ~high)):
+            if not bool(rows.any()):
+                continue
+            part = super().step_velocity(expert, {k: batch[k][rows] for k in keys}, step, spec, vae_scale_factor)
+            if velocity is None:
+                velocity = part.new_zeros((len(rows), *part.shape[1:]))
+            velocity[rows] = part
         return velocity
