@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Install (if needed) and run the CPU test suite. Extra arguments go to pytest.
+# Install (if needed) and run the CPU test suite. Extra arguments go to pytest (a later `-n 0` runs it in
+# one process, `-n 4` on four workers).
 # GPU tests (marked `gpu`) are deselected here; scripts/device/ runs them on a GPU machine.
+# Two workers, one test file each at a time (`--dist loadfile`: a module's shared engine or trainer run
+# stays in one process): a trainer run or an engine start is mostly one process importing, so the
+# second core would otherwise wait (docs/development.md, "Suite time").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 set +e
-.venv/bin/python -m pytest tests -m "not gpu" "$@"
+.venv/bin/python -m pytest tests -m "not gpu" -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a broken suite, say so.

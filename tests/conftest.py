@@ -23,6 +23,16 @@ REPO = str(Path(__file__).resolve().parents[1])
 CPUS_PER_NODE = 6
 
 
+def pytest_collection_modifyitems(config, items):
+    """Modules with a ``slow`` test first, each module's tests kept together and in order.
+
+    The suite runs on parallel workers (``scripts/test.sh``: ``pytest -n 2 --dist loadfile``), which take
+    files in collection order as they become free; the long files started first and the short ones
+    filling in after keep one worker from running a long file alone at the end."""
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in slow_modules)
+
+
 @pytest.fixture(scope="session")
 def fresh_python():
     """``run(code) -> stdout``: code in a new interpreter, as a Ray or engine worker starts; fails with its stderr."""

@@ -212,7 +212,7 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
 
 def test_the_tiny_wan_cpu_launcher_composes_a_video_run_the_preflight_accepts(tiny_model, tmp_path):
     """``run_wan2_2_5b_tiny_cpu.sh``: the built-in CPU run with the tiny Wan2.2 and 5 frames (the e2e trainer test
-    runs the same settings, ``tests/trainer/test_flowgrpo_e2e.py``)."""
+    runs the same settings, ``tests/trainer/test_flowgrpo_models_e2e.py``)."""
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.preflight import check_config, check_resources
