@@ -24,21 +24,40 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = REPO / "examples" / "flowgrpo_trainer"
+SQUARE_512 = {"height": 512, "width": 512}
 # per model: its launcher and what the recipe must have set (a wrong or lost override shows here)
 RECIPES = {
     "sd3": (
         "run_sd3_ocr_lora.sh",
-        {"num_inference_steps": 10, "true_cfg_scale": 4.5, "noise_level": 0.7, "sde_window_size": 9, "n": 24},
+        {"num_inference_steps": 10, "true_cfg_scale": 4.5, "noise_level": 0.7, "sde_window_size": 9, "n": 24}
+        | SQUARE_512,
     ),
     "flux": (
         "run_flux_ocr_lora.sh",
-        {"num_inference_steps": 6, "guidance_scale": 3.5, "noise_level": 0.9, "sde_window_size": 5, "n": 24},
+        {"num_inference_steps": 6, "guidance_scale": 3.5, "noise_level": 0.9, "sde_window_size": 5, "n": 24}
+        | SQUARE_512,
     ),
     "z_image": (
         "run_z_image_ocr_lora.sh",
-        {"num_inference_steps": 10, "true_cfg_scale": 4.0, "noise_level": 1.2, "sde_window_size": 2, "n": 16},
+        {"num_inference_steps": 10, "true_cfg_scale": 4.0, "noise_level": 1.2, "sde_window_size": 2, "n": 16}
+        | SQUARE_512,
+    ),
+    "wan2_2": (
+        "run_wan2_2_5b_ocr_lora.sh",
+        {
+            "height": 480,
+            "width": 832,
+            "num_frames": 33,
+            "num_inference_steps": 20,
+            "true_cfg_scale": 5.0,
+            "noise_level": 0.7,
+            "sde_window_size": 2,
+            "n": 8,
+        },
     ),
 }
+# the tiny builder of a launcher named after a model size (run_<name>_ocr_lora.sh with <name> no builder)
+LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2"}
 # passed after the launcher's own arguments: a CPU machine without the OCR service
 PASS_THROUGH = ("trainer.device=cpu", "reward.diffusion.preflight=false")
 
@@ -90,7 +109,6 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model, ocr_dir, 
 
     rollout = config.actor_rollout_ref.rollout
     assert {key: rollout[key] for key in expected} == expected
-    assert (rollout.height, rollout.width) == (512, 512)
     if "true_cfg_scale" in expected:  # the authors' negative prompt is the empty one
         assert rollout.negative_prompt == ""
     assert config.actor_rollout_ref.model.path == str(model_path)
@@ -145,7 +163,7 @@ ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "conf
 
 def documented_pairings() -> dict[tuple[str, str], tuple[str, str]]:
     """``(launcher, algorithm) -> (model, command cell)`` from the doc's launcher table."""
-    return {(m[1], m[3]): (m[2], m[4]) for m in DOC_ROW.finditer(DOC.read_text())}
+    return {(m[1], m[3]): (LAUNCHER_MODELS.get(m[2], m[2]), m[4]) for m in DOC_ROW.finditer(DOC.read_text())}
 
 
 def test_the_doc_has_one_row_per_launcher_and_algorithm():
@@ -190,3 +208,35 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
     with pytest.raises(ValueError, match=rf"algorithm={algorithm}: \w+ \(actor_rollout_ref\.model\.path=") as error:
         validate_config(config)
     assert str(model_path) in str(error.value) and "algorithms this model serves: [" in str(error.value)
+
+
+def test_the_tiny_wan_cpu_launcher_composes_a_video_run_the_preflight_accepts(tiny_model, tmp_path):
+    """``run_wan2_2_5b_tiny_cpu.sh``: the built-in CPU run with the tiny Wan2.2 and 5 frames (the e2e trainer test
+    runs the same settings, ``tests/trainer/test_flowgrpo_models_e2e.py``)."""
+    from omegaconf import OmegaConf
+
+    from verl_omni.trainer.config.preflight import check_config, check_resources
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.main_flowgrpo import resolve_builtin_paths
+    from verl_omni.utils.config import register_resolvers
+
+    proc = launch(
+        "run_wan2_2_5b_tiny_cpu.sh",
+        tiny_model("wan2_2"),
+        tmp_path,
+        f"trainer.default_local_dir={tmp_path}",
+        f"trainer.builtin_dir={tmp_path / 'builtin'}",
+        "--cfg",
+        "job",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    register_resolvers()
+    config = OmegaConf.create(proc.stdout)
+    # the built-in prompt set, as the entry point builds it before its checks
+    resolve_builtin_paths(config)
+    check_config(config)
+    check_resources(config)
+    configs = validate_config(config)
+    spec = configs.rollout.sampling_spec(False, configs.model.adapter, "launcher")
+    assert (spec.num_frames, spec.height, spec.width, spec.uses_cfg) == (5, 32, 32, False)
+    assert configs.model.adapter.__name__ == "Wan22TrainingAdapter" and configs.trainer.device == "cpu"

@@ -1,5 +1,7 @@
 """The sampling spec: one validation, refusals that name key, model and allowed values, carried unchanged."""
 
+import dataclasses
+
 import pytest
 from verl import DataProto
 
@@ -110,3 +112,42 @@ def test_unknown_request_keys_are_refused_naming_the_known_ones_and_llm_keys_are
     assert spec.height == 64 and seed == 3
     with pytest.raises(ValueError, match=r"unknown keys \['timestep_shift'\].*model_kwargs"):
         SamplingSpec.from_request_params({"timestep_shift": 3.0})
+
+
+# ---- frames (video models) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_frames", [2, 4, 6, 80])
+def test_a_frame_count_off_the_vaes_temporal_compression_names_key_model_and_allowed_values(num_frames):
+    from verl_omni.pipelines.wan2_2.training_adapter import Wan22TrainingAdapter
+
+    with pytest.raises(ValueError) as error:
+        DiffusionRolloutConfig(num_frames=num_frames).sampling_spec(adapter=Wan22TrainingAdapter, model=MODEL)
+    message = str(error.value)
+    assert message.startswith(f"actor_rollout_ref.rollout.num_frames={num_frames}: Wan22TrainingAdapter ({MODEL})")
+    assert "4k + 1" in message and "allowed: 1, 5, 9, ..." in message
+
+
+@pytest.mark.parametrize("num_frames", [1, 5, 81])
+def test_frame_counts_of_4k_plus_1_pass_and_travel_to_the_engine_request(num_frames):
+    from verl_omni.pipelines.wan2_2.training_adapter import Wan22TrainingAdapter
+
+    spec = DiffusionRolloutConfig(num_frames=num_frames, height=64, width=32).sampling_spec(
+        adapter=Wan22TrainingAdapter
+    )
+    params = build_sampling_params(spec.request_params(seeds=[3]), 1, adapter=Wan22TrainingAdapter)
+    assert params.num_frames == num_frames
+    assert parse_rollout_request({"prompt_token_ids": [1]}, params).spec.num_frames == num_frames
+    with pytest.raises(ValueError, match="share the sampling spec's num_frames"):
+        shared_spec([spec, dataclasses.replace(spec, num_frames=num_frames + 4)])
+
+
+def test_a_video_size_off_the_models_32_pixel_multiple_and_frames_on_an_image_model_are_refused():
+    from verl_omni.pipelines.wan2_2.training_adapter import Wan22TrainingAdapter
+
+    with pytest.raises(ValueError, match=r"height=48: Wan22TrainingAdapter .*multiples of 32 \(e.g. 32 or 64\)"):
+        DiffusionRolloutConfig(height=48).sampling_spec(adapter=Wan22TrainingAdapter, model=MODEL)
+    with pytest.raises(ValueError, match=r"num_frames=5: QwenImageTrainingAdapter .* generates images; allowed: 1"):
+        DiffusionRolloutConfig(num_frames=5).sampling_spec(adapter=QwenImageTrainingAdapter, model=MODEL)
+    with pytest.raises(ValueError, match="^num_frames must be a positive integer"):
+        SamplingSpec(num_frames=0)

@@ -144,3 +144,14 @@ def test_video_samples_flow_through_the_manager_with_per_frame_scorers():
     out = asyncio.run(DiffusionRewardManager(config).run_batch(make_data(videos, ["a", "b"])))
     assert [o["reward_extra_info"]["reward/brightness"] for o in out] == pytest.approx([0.2, 0.8])
     assert [o["reward_extra_info"]["reward/tc"] for o in out] == pytest.approx([1.0, 1 - (2 * 204 / 3) / 255])
+def test_a_videos_reward_is_the_mean_of_its_frames_scored_as_images():
+    """Videos ``[B, F, 3, H, W]`` (Wan2.2's rollout): the image scorers score every frame with the video's prompt;
+    the video's reward and per-scorer value are the means over its frames. (The video scorers proper, per-frame
+    stride, temporal consistency, HTTP video, are the reward issue's.)"""
+    config = make_config(scorers=[{"type": "jpeg_compressibility", "name": "jpeg"}])
+    frames = make_images(6).view(2, 3, 3, 32, 32)
+    out = asyncio.run(DiffusionRewardManager(config).run_batch(make_data(frames, ["a", "b"])))
+    expected = [float(np.mean([-jpeg_size_ratio(frame, 95) for frame in video])) for video in frames]
+    assert [o["reward_score"] for o in out] == pytest.approx(expected)
+    assert [o["reward_extra_info"]["reward/jpeg"] for o in out] == pytest.approx(expected)
+    assert expected[0] != pytest.approx(expected[1])

@@ -1,11 +1,13 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image): the same command with only
-``actor_rollout_ref.model.path`` changed (every other default works for every model), a subprocess of
+``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video): the same command with only
+``actor_rollout_ref.model.path`` changed (every other default works for every model; the video model also
+samples 5 frames, ``MODEL_ARGS``), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout), 2 steps, the
 actor recomputes log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``; the
-saved LoRA loads in the model's diffusers pipeline and changes its image.
+saved LoRA loads in the model's diffusers pipeline and changes its image (a video model's: its video, and its
+validation writes mp4s a player decodes).
 
 The multi-replica run, its resume and the output-directory checks are ``test_flowgrpo_e2e.py``: a file
 of its own so that the suite's parallel workers (``pytest -n``, one file per worker) run the two
@@ -26,7 +28,11 @@ from verl_omni.trainer.flowgrpo import run_dir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image")
+MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2")
+# what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video)
+MODEL_ARGS = {"wan2_2": ("actor_rollout_ref.rollout.num_frames=5",)}
+# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check)
+PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}}
 # the last step of every run
 STEPS = 2
 
@@ -46,6 +52,7 @@ def one(request, tiny_model, ray_cluster, prompt_files, tmp_path_factory):
         "trainer.colocate_rollout=true",
         "trainer.save_freq=1",
         "trainer.max_actor_ckpt_to_keep=1",
+        *MODEL_ARGS.get(request.param, ()),
     )
     print(f"{request.param}: 1 replica + 1 rank, {STEPS} steps: {wall:.0f} s")
     return out, records, model
@@ -73,16 +80,40 @@ def check_summary(run, model, steps: int) -> None:
     # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
-    tuned = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
+
+    def sample():
+        # an image pipeline's output has .images, a video pipeline's .frames
+        out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
+        return out.frames if hasattr(out, "frames") else out.images
+
+    tuned = sample()
     pipe.disable_lora()
-    base = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
+    base = sample()
     assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
     assert Image.open(run / CURVE_FILE).size == (640, 400)
+
+
+def check_videos(run, model) -> None:
+    """A video model's validation writes an mp4 per sample that a player decodes to its frames; an image model none."""
+    import json
+
+    from verl_omni.utils.video import read_frames
+
+    videos = sorted(run.glob(f"images/val_step_{STEPS}/sample_*.mp4"))
+    frames = PIPELINE_ARGS.get(json.loads((model / "model_index.json").read_text())["_class_name"], {})
+    if "num_frames" not in frames:
+        assert not videos
+        return
+    assert videos, "no validation videos"
+    for path in videos:
+        assert read_frames(path).shape == (frames["num_frames"], 3, 32, 32)
 
 
 def test_one_replica_one_rank_trains_logs_and_syncs(one):
     run, records, model = one
     check_summary(run, model, STEPS)
+    check_videos(run, model)
     check_run(
         run,
         records,

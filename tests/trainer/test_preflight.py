@@ -340,7 +340,7 @@ print(json.dumps([after_preflight, [m for m in ("vllm", "vllm_omni") if m in sys
 # ---- algorithm x model pairings ----------------------------------------------------------------
 
 # the tiny models (``tiny_model`` builders) and the algorithms (the Hydra group ``algorithm=<name>``), found, not listed
-PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel")
+PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "wan2_2")
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's record)
 # what a model needs besides the defaults whatever the algorithm: Z-Image cannot take an SDE step on its last step
@@ -359,7 +359,14 @@ REFUSED_SAMPLERS = [
 
 
 def _adapter_name(model: str) -> str:
-    return {"qwen_image": "QwenImage", "sd3": "SD3", "flux": "Flux", "z_image": "ZImage", "bagel": "Bagel"}[model]
+    return {
+        "qwen_image": "QwenImage",
+        "sd3": "SD3",
+        "flux": "Flux",
+        "z_image": "ZImage",
+        "bagel": "Bagel",
+        "wan2_2": "Wan22",
+    }[model]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
@@ -418,3 +425,25 @@ def test_entry_point_refuses_an_unserved_pairing_before_any_engine_or_ray(
     assert match in stderr and f"actor_rollout_ref.model.path={path}" in stderr
     assert not {"vllm", "vllm_omni"} & set(result["imported"]), result["imported"]
     assert not result["ray_started"]
+
+
+@pytest.mark.parametrize(
+    ("model", "num_frames", "allowed"), [("wan2_2", 6, "allowed: 1, 5, 9, ..."), ("qwen_image", 5, "allowed: 1")]
+)
+def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, tiny_model, model, num_frames, allowed):
+    path = tiny_model(model)
+    message = fails_before_ray(
+        compose(f"actor_rollout_ref.rollout.num_frames={num_frames}", model=path),
+        re.escape(f"actor_rollout_ref.rollout.num_frames={num_frames}: "),
+    )
+    assert f"actor_rollout_ref.model.path={path}" in message and allowed in message
+
+
+def test_training_the_two_expert_wan_is_refused_before_ray_until_it_is_built(compose, tiny_model):
+    """The A14B layout resolves to its own adapter (rollout and replay only): every algorithm is refused naming it."""
+    path = tiny_model("wan2_2_a14b")
+    message = fails_before_ray(
+        compose("actor_rollout_ref.rollout.num_frames=5", model=path),
+        r"algorithm=flow_grpo: Wan22A14BTrainingAdapter \(",
+    )
+    assert f"actor_rollout_ref.model.path={path}" in message and "algorithms this model serves: []" in message

@@ -106,6 +106,11 @@ class ModelAdapter:
         rollout_dtype (`str` or None): the dtype vLLM-Omni's pipeline of this model computes in on every
             device, whatever the rollout config says; None: the configured dtype (fp32 on CPU).
         latent_multiple (`int`): image sides must be multiples of it (VAE downsampling x latent patch size).
+        video_fps (`int`): frames per second a video model's samples play at (validation mp4s). Default 16.
+        latent_ndim (`int`): dims of one sample's recorded latent at one step: 2 for packed image tokens
+            ``[S, C]`` (every image model), 4 for a video latent ``[C, F', h, w]``.
+        frame_multiple (`int` or None): a video model's frames per latent frame (its VAE's temporal compression):
+            ``num_frames`` must be ``frame_multiple·k + 1``; None: an image model (``num_frames`` must be 1).
         guidance_style (`str`): ``"true_cfg"`` (negative prompt, rescaled), ``"cfg"`` (classic, negative prompt)
             or ``"distilled"`` (a guidance embedding, one pass per step); see :mod:`verl_omni.pipelines.sampling`.
         default_true_cfg_scale (`float`): ``true_cfg_scale`` when the config leaves it null (<= 1: no CFG).
@@ -127,9 +132,18 @@ class ModelAdapter:
     tokenizer_subfolder: ClassVar[str] = ""
     rollout_dtype: ClassVar[str | None] = None
     latent_multiple: ClassVar[int]
+    frame_multiple: ClassVar[int | None] = None
+    latent_ndim: ClassVar[int] = 2
+    video_fps: ClassVar[int] = 16
     guidance_style: ClassVar[str]
     default_true_cfg_scale: ClassVar[float] = 1.0
     default_guidance_scale: ClassVar[float | None] = None
+
+    @classmethod
+    def for_checkpoint(cls, model_path: str | Path) -> type[ModelAdapter]:
+        """The adapter of this checkpoint: this class, or a variant of it when checkpoints of one architecture name
+        differ in layout (Wan2.2's ``WanPipeline``: one transformer or two experts). Read files only, no weights."""
+        return cls
 
     # ---- prompts -------------------------------------------------------------------------------
 
@@ -180,17 +194,23 @@ class ModelAdapter:
 
     @classmethod
     def check_latents(cls, latents: torch.Tensor, timesteps: torch.Tensor) -> None:
-        """Shape check of the recorded ``all_latents`` ``[B, W+1, S, C]`` (packed latent tokens) against
-        ``all_timesteps`` ``[B, W]``; every adapter's rollout records latents in this layout."""
+        """Shape check of the recorded ``all_latents`` ``[B, W+1, ...]`` (one sample's latent ``latent_ndim``-D: packed
+        tokens ``[S, C]`` for images, ``[C, F', h, w]`` for video) against ``all_timesteps`` ``[B, W]``."""
         if (
-            latents.ndim != 4
+            latents.ndim != 2 + cls.latent_ndim
             or timesteps.ndim != 2
             or latents.shape[:2] != (timesteps.shape[0], timesteps.shape[1] + 1)
         ):
             raise ValueError(
-                f"all_latents {tuple(latents.shape)} must be [B, W+1, S, C] (packed latent tokens) "
-                f"for all_timesteps {tuple(timesteps.shape)} [B, W]"
+                f"all_latents {tuple(latents.shape)} must be [B, W+1] + a {cls.latent_ndim}-D latent per step "
+                f"({cls.__name__}.latent_ndim) for all_timesteps {tuple(timesteps.shape)} [B, W]"
             )
+
+    @classmethod
+    def schedule_seq_len(cls, latents: torch.Tensor) -> int:
+        """The transformer's token count of one step's latents ``[B, ...]`` (μ of a resolution-dependent shift):
+        ``S`` of packed ``[B, S, C]`` tokens; a model with another latent layout overrides it."""
+        return int(latents.shape[1])
 
     @classmethod
     def step_velocity(
@@ -257,6 +277,7 @@ def get_training_adapter(model_path: str | Path) -> type[ModelAdapter]:
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     try:
-        return TRAINING_ADAPTERS.get(architecture_name(model_path))
+        adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
     except ValueError as e:
         raise ValueError(f"model.path={model_path!s}: {e}") from None
+    return adapter.for_checkpoint(model_path)

@@ -7,8 +7,8 @@ the settings travel as one object: :class:`SamplingSpec` is built from the rollo
 ``extra_args``), read back by the pipeline (:meth:`SamplingSpec.from_sampling_params`) and by the
 actor (``meta_info["sampling_spec"]``, :meth:`SamplingSpec.from_dict`). Every check of a setting
 is here, in :meth:`SamplingSpec.__post_init__` (values) and :meth:`SamplingSpec.for_model` (what
-the model can honour: its latent multiple, its guidance style and the sampler settings it serves,
-``ModelAdapter.sampler_choices``).
+the model can honour: its latent multiple, its frame counts, its guidance style and the sampler
+settings it serves, ``ModelAdapter.sampler_choices``).
 
 Guidance styles (``ModelAdapter.guidance_style``):
 
@@ -45,6 +45,7 @@ BATCH_SHARED_FIELDS = (
     "num_inference_steps",
     "height",
     "width",
+    "num_frames",
     "true_cfg_scale",
     "guidance_scale",
     "sde_type",
@@ -63,6 +64,8 @@ class SamplingSpec:
         num_inference_steps (int): denoising steps T. Default 10.
         height (int): image height in pixels, a multiple of the model's ``latent_multiple``. Default 512.
         width (int): image width in pixels, a multiple of the model's ``latent_multiple``. Default 512.
+        num_frames (int): frames per sample: 1 for an image model; ``frame_multiple·k + 1`` for a video model (its
+            VAE's temporal compression, ``ModelAdapter.frame_multiple``; Wan2.2: 1, 5, 9, ...). Default 1.
         noise_level (float): SDE noise level a inside the window; 0 samples the ODE and records nothing. Default 0.7.
         sde_type (str): the stochastic step, one of ``flow_match_sde.SDE_TYPES`` (``"sde"``, ``"cps"`` of Flow-GRPO,
             ``"dance"`` of DanceGRPO). Default ``"sde"``.
@@ -94,6 +97,7 @@ class SamplingSpec:
     num_inference_steps: int = 10
     height: int = 512
     width: int = 512
+    num_frames: int = 1
     noise_level: float = 0.7
     sde_type: str = "sde"
     true_cfg_scale: float = 1.0
@@ -127,7 +131,7 @@ class SamplingSpec:
         steps = self.num_inference_steps
         if not isinstance(steps, int) or steps < 1:
             raise ValueError(f"num_inference_steps must be an integer >= 1, got {steps!r}")
-        for key in ("height", "width"):
+        for key in ("height", "width", "num_frames"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         if self.sde_type not in SDE_TYPES:
@@ -245,6 +249,7 @@ class SamplingSpec:
                     f"{key}={value}: {name} needs image sides that are positive multiples of {multiple} "
                     f"(e.g. {max(multiple, value // multiple * multiple)} or {(value // multiple + 1) * multiple})"
                 )
+        self._check_frames(adapter, name)
         style = adapter.guidance_style
         if style not in GUIDANCE_STYLES:
             raise ValueError(f"{adapter.__name__}.guidance_style={style!r} must be one of {GUIDANCE_STYLES}")
@@ -277,6 +282,19 @@ class SamplingSpec:
                 f"model_kwargs has keys {unknown} that {name} does not read; allowed: {list(adapter.sampling_keys)}"
             )
         return self
+
+    def _check_frames(self, adapter, name: str) -> None:
+        """``num_frames`` against the model's temporal compression (``adapter.frame_multiple``; None: images only)."""
+        multiple = getattr(adapter, "frame_multiple", None)
+        if multiple is None and self.num_frames != 1:
+            raise ValueError(f"num_frames={self.num_frames}: {name} generates images; allowed: 1")
+        if multiple is not None and (self.num_frames - 1) % multiple:
+            below = (self.num_frames - 1) // multiple * multiple + 1
+            raise ValueError(
+                f"num_frames={self.num_frames}: {name} needs num_frames = {multiple}k + 1 (its VAE compresses "
+                f"{multiple} frames into one latent frame after the first); allowed: 1, {multiple + 1}, "
+                f"{2 * multiple + 1}, ... (e.g. {below} or {below + multiple})"
+            )
 
     # ---- travel ----------------------------------------------------------------------------------
 

@@ -99,7 +99,8 @@ class DiffusionRewardManager(RewardManagerBase):
         return sources if any(sources) else None
 
     async def run_batch(self, data: DataProto) -> list[dict]:
-        """Score every sample of ``data``; batched scorers see the whole batch at once."""
+        """Score every sample of ``data``; batched scorers see the whole batch at once (a video's image scorers
+        score its frames, ``reward_score/video.py``)."""
         result = await self.reward.score(self.to_score_batch(data))
         return [
             {"reward_score": reward, "reward_extra_info": info}

@@ -1,4 +1,5 @@
-"""Image grids: many uint8 ``[3, H, W]`` images in one picture, for logs and checkpoints."""
+"""Image grids: many uint8 ``[3, H, W]`` images (or ``[F, 3, H, W]`` videos, frames side by side) in one picture,
+for logs and checkpoints."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ logger = logging.getLogger(__name__)
 
 
 def make_grid(images: torch.Tensor, per_row: int) -> torch.Tensor:
-    """uint8 ``[B, 3, H, W]`` → uint8 ``[3, rows·H, per_row·W]``, row-major, black where the last row is short."""
+    """uint8 ``[B, 3, H, W]`` → uint8 ``[3, rows·H, per_row·W]``, row-major, black where the last row is short.
+    Videos ``[B, F, 3, H, W]`` are laid out as ``[B, 3, H, F·W]`` strips (their frames left to right) first."""
+    if images.ndim == 5:
+        images = images.permute(0, 2, 3, 1, 4).flatten(3)
     if images.ndim != 4 or images.dtype != torch.uint8:
         raise ValueError(f"images must be uint8 [B, 3, H, W], got {images.dtype} {tuple(images.shape)}")
     b, c, h, w = images.shape

@@ -41,8 +41,9 @@ from verl.utils.tracking import Tracking
 from verl_omni.trainer.config.validation import FlowGRPOConfigs
 from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
 from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
-from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid
+from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.utils.video import write_mp4
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
@@ -402,12 +403,22 @@ class RayFlowGRPOTrainer(PPOTrainer):
         path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
         grid = save_grid(shown, per_row=int(np.ceil(np.sqrt(len(shown)))), path=path)
         log_image_grid(self.tracker, "val/images", grid, self.global_steps)
+        if shown.ndim == 5:
+            self._save_videos(shown)
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
         return {
             "val/score/mean": scores.mean().item(),
             "val/score/max": scores.max().item(),
             "val/score/min": scores.min().item(),
         }
+
+    def _save_videos(self, videos: torch.Tensor) -> None:
+        """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
+        by side), at the model's frame rate, and to the video-capable trackers."""
+        folder = self.local_dir / "images" / f"val_step_{self.global_steps}"
+        fps = self.configs.model.adapter.video_fps
+        paths = [write_mp4(video, folder / f"sample_{i}.mp4", fps) for i, video in enumerate(videos)]
+        log_videos(self.tracker, "val/videos", paths, fps, self.global_steps)
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})

@@ -1,4 +1,4 @@
-"""What the trainer adds to verl's ``Tracking``: a resumable metrics file and image grids."""
+"""What the trainer adds to verl's ``Tracking``: a resumable metrics file, image grids and validation videos."""
 
 from __future__ import annotations
 
@@ -42,3 +42,15 @@ def log_image_grid(tracker, tag: str, grid: torch.Tensor, step: int) -> None:
         import wandb
 
         backends["wandb"].log({tag: wandb.Image(grid.permute(1, 2, 0).numpy())}, step=step)
+
+
+def log_videos(tracker, tag: str, paths: list[Path], fps: int, step: int) -> None:
+    """Send mp4 files to the video-capable backends of ``tracker`` (wandb, from the files: no moviepy needed).
+    Tensorboard's ``add_video`` needs moviepy, which the stack does not carry: it gets the frames-side-by-side grid
+    (:func:`log_image_grid`) instead."""
+    backends = tracker.logger
+    if "wandb" in backends:
+        import wandb
+
+        videos = [wandb.Video(str(path), fps=fps, format="mp4") for path in paths]
+        backends["wandb"].log({tag: videos}, step=step)

@@ -46,6 +46,8 @@ class DiffusionRolloutConfig(RolloutConfig):
     Args:
         height (int): image height in pixels, a multiple of the model's latent multiple (16 for Qwen-Image). Default 512.
         width (int): image width in pixels, likewise. Default 512.
+        num_frames (int): frames per sample: 1 for an image model, ``4k + 1`` for Wan2.2 (the model adapter's
+            ``frame_multiple``, its VAE's temporal compression). Default 1.
         num_inference_steps (int): denoising steps T. Default 10.
         true_cfg_scale (float | None): CFG scale with a negative prompt; > 1 sends ``negative_prompt`` and records
             its conditioning, <= 1 disables CFG; null takes the model's default (Qwen-Image, BAGEL: 4.0).
@@ -89,6 +91,7 @@ class DiffusionRolloutConfig(RolloutConfig):
 
     height: int = _SPEC.height
     width: int = _SPEC.width
+    num_frames: int = _SPEC.num_frames
     num_inference_steps: int = _SPEC.num_inference_steps
     true_cfg_scale: float | None = None
     guidance_scale: float | None = None

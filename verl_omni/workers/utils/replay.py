@@ -128,7 +128,7 @@ class SDEWindowReplay:
 
     @staticmethod
     def prepare(adapter, scheduler, spec: SamplingSpec, batch: Mapping[str, torch.Tensor]) -> None:
-        prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
+        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(batch["all_latents"][:, 0]))
 
     @staticmethod
     def num_steps(batch: Mapping[str, torch.Tensor], spec: SamplingSpec | None = None) -> int:
@@ -186,12 +186,15 @@ class ODESamplesReplay:
         if missing:
             raise KeyError(f"replay batch lacks {missing}; an ODE rollout (noise_level 0) must record them")
         clean = batch[CLEAN_LATENTS_KEY]
-        if clean.ndim != 3:
-            raise ValueError(f"{CLEAN_LATENTS_KEY} {tuple(clean.shape)} must be [B, S, C] (packed latent tokens)")
+        if clean.ndim != 1 + adapter.latent_ndim:
+            raise ValueError(
+                f"{CLEAN_LATENTS_KEY} {tuple(clean.shape)} must be [B] + a {adapter.latent_ndim}-D latent "
+                f"({adapter.__name__}.latent_ndim; [B, S, C] packed tokens for images)"
+            )
 
     @staticmethod
     def prepare(adapter, scheduler, spec: SamplingSpec, batch: Mapping[str, torch.Tensor]) -> None:
-        prepare_scheduler(adapter, scheduler, spec, batch[CLEAN_LATENTS_KEY].shape[1])
+        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(batch[CLEAN_LATENTS_KEY]))
 
     @staticmethod
     def num_steps(batch: Mapping[str, torch.Tensor], spec: SamplingSpec | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Engine start and actor replay of the diffusers-family rollouts (SD3.5, FLUX.1, Z-Image), shared by the CPU
+"""Engine start and actor replay of the diffusers-family rollouts (SD3.5, FLUX.1, Z-Image, Wan2.2), shared by the CPU
 and GPU engine tests."""
 
 import torch
@@ -41,7 +41,7 @@ def replay_log_probs(
     check_replay_batch(batch, spec, adapter)
     module = (module if module is not None else adapter.build_module(model_path)).to(device).eval()
     scheduler = adapter.build_scheduler(model_path)
-    prepare_scheduler(adapter, scheduler, spec, batch["all_latents"].shape[2])
+    prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(batch["all_latents"][:, 0]))
     vae_scale = adapter.vae_scale_factor(model_path)
     window = batch["all_timesteps"].shape[1]
     with torch.no_grad(), torch.autocast(device, dtype=autocast or torch.float32, enabled=autocast is not None):

@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / Z-Image rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (text-to-video) rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -22,6 +22,8 @@ MODELS = {
     "flux": {"guidance_scale": 2.5},
     # Z-Image's CFG with both modifiers on: its truncation turns CFG off after normalised time 0.6
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
+    # a video of 5 frames (two latent frames), two latent patches across (the rotary embedding's width positions)
+    "wan2_2": {"true_cfg_scale": 4.0, "num_frames": 5, "width": 2 * W},
 }
 
 pytestmark = pytest.mark.slow
@@ -72,11 +74,15 @@ def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_r
 
 def test_images_finite_log_probs_and_the_adapters_conditioning(loop, model_engine, model_name, prompt_ids, adapter):
     (out,) = generate(loop, model_engine, model_name, prompt_ids, request_id="shape")
-    assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == (3, H, W)
+    params = sampling(model_name)
+    frames, size = params.get("num_frames", 1), (3, params["height"], params["width"])
+    # an image [3, H, W]; a video [F, 3, H, W]
+    expected = size if frames == 1 else (frames, *size)
+    assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == expected
     assert int(out.diffusion_output.max()) > int(out.diffusion_output.min())
     assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
     extra = out.extra_fields
-    assert extra["all_latents"].ndim == 3 and extra["all_latents"].shape[0] == WINDOW + 1
+    assert extra["all_latents"].ndim == 1 + adapter.latent_ndim and extra["all_latents"].shape[0] == WINDOW + 1
     assert extra["all_timesteps"].shape == (WINDOW,)
     uses_cfg = MODELS[model_name].get("true_cfg_scale", 1.0) > 1
     assert set(adapter.required_keys(uses_cfg)) <= set(extra)
@@ -116,7 +122,8 @@ def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tin
 
 # rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
 # to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
-LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8}
+# Wan2.2: per block, the self-attention's fused to_qkv and to_out, the cross-attention's to_q, to_k, to_v, to_out
+LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "wan2_2": 12}
 
 
 @pytest.fixture(scope="module")

@@ -134,3 +134,28 @@ def test_own_storage_sends_each_sample_alone_and_the_shared_row_once():
         assert torch.equal(sample.diffusion_output, view.diffusion_output)
         assert torch.equal(sample.extra_fields["all_latents"], trajectory["all_latents"][i])
         assert sample.extra_fields["all_latents"].untyped_storage().nbytes() == latent_bytes // N
+def test_a_video_requests_frame_array_becomes_uint8_frames_per_sample():
+    """vLLM-Omni's video post-process (Wan2.2) gives one ``[N, F, H, W, 3]`` array in [0, 1] for the request; each
+    sample gets its uint8 ``[F, 3, H, W]`` video, rounded as diffusers rounds pixels, beside its 5-D latents."""
+    frames = np.random.default_rng(0).random((N, 5, 8, 16, 3)).astype(np.float32)
+    request = output(all_latents=torch.randn(N, W + 1, 4, 2, 1, 2))
+    request.images = [frames]
+    samples = unpack_request_output(request, N)
+    for i, sample in enumerate(samples):
+        assert sample.diffusion_output.dtype == torch.uint8 and sample.diffusion_output.shape == (5, 3, 8, 16)
+        expected = torch.from_numpy(np.round(frames[i] * 255).astype(np.uint8)).permute(0, 3, 1, 2)
+        assert torch.equal(sample.diffusion_output, expected)
+        assert sample.extra_fields["all_latents"].shape == (W + 1, 4, 2, 1, 2)
+    with pytest.raises(RuntimeError, match=f"engine returned {N} images for {N + 1} samples"):
+        unpack_request_output(request, N + 1)
+
+
+def test_final_pixels_of_a_video_request_become_each_samples_frames():
+    """A video pipeline's final pixels are its decoded layout ``[N, 3, F, H, W]`` in uint8; each sample gets
+    ``[F, 3, H, W]``, the layout the frame-array path gives."""
+    request = output(all_latents=torch.randn(N, W + 1, 4, 2, 1, 2))
+    pixels = torch.randint(0, 256, (N, 3, 5, 8, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    request.images = [pixels]
+    for i, sample in enumerate(unpack_request_output(request, N)):
+        assert sample.diffusion_output.shape == (5, 3, 8, 16)
+        assert torch.equal(sample.diffusion_output, pixels[i].permute(1, 0, 2, 3))

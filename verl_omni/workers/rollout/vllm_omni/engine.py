@@ -52,6 +52,7 @@ def build_sampling_params(
     fields = {
         "height": spec.height,
         "width": spec.width,
+        "num_frames": spec.num_frames,
         "num_inference_steps": spec.num_inference_steps,
         "true_cfg_scale": spec.true_cfg_scale,
     }
@@ -81,18 +82,26 @@ def _image_to_uint8(image) -> torch.Tensor:
 
 
 def _request_images(images: list, num_outputs_per_prompt: int) -> list[torch.Tensor]:
-    """Per sample, uint8 ``[3, H, W]``: from the request's final pixels (one uint8 ``[N, 3, H, W]`` tensor,
-    ``pipelines.rollout_output``) or from N PIL images."""
-    if len(images) == 1 and isinstance(images[0], torch.Tensor) and images[0].dim() == 4:
+    """Per sample, uint8 ``[3, H, W]`` (an image) or ``[F, 3, H, W]`` (a video), from what the engine returned:
+
+    * the request's final pixels (``pipelines.rollout_output``): one uint8 tensor, ``[N, 3, H, W]`` or, for
+      videos, ``[N, 3, F, H, W]`` as the video pipelines decode them;
+    * off the final-pixels path, the model's post-process output: N PIL images, or one ``[N, F, H, W, 3]``
+      array in [0, 1] (vLLM-Omni's video post-processes), rounded as diffusers turns [0, 1] pixels into 8 bits.
+    """
+    if len(images) == 1 and isinstance(images[0], torch.Tensor) and images[0].dim() in (4, 5):
         pixels = images[0]
         if pixels.dtype != torch.uint8:
             raise RuntimeError(f"engine returned {pixels.dtype} images: the rollout's final pixels are uint8")
-        if pixels.shape[0] != num_outputs_per_prompt:
-            raise RuntimeError(f"engine returned {pixels.shape[0]} images for {num_outputs_per_prompt} samples")
-        return list(pixels.unbind(0))
-    if len(images) != num_outputs_per_prompt:
-        raise RuntimeError(f"engine returned {len(images)} images for {num_outputs_per_prompt} samples")
-    return [_image_to_uint8(image) for image in images]
+        samples = list((pixels.transpose(1, 2) if pixels.dim() == 5 else pixels).unbind(0))
+    elif len(images) == 1 and isinstance(images[0], np.ndarray) and images[0].ndim == 5:
+        frames = np.clip(np.round(images[0] * 255.0), 0, 255).astype(np.uint8)
+        samples = [torch.from_numpy(np.ascontiguousarray(video.transpose(0, 3, 1, 2))) for video in frames]
+    else:
+        samples = [_image_to_uint8(image) for image in images]
+    if len(samples) != num_outputs_per_prompt:
+        raise RuntimeError(f"engine returned {len(samples)} images for {num_outputs_per_prompt} samples")
+    return samples
 
 
 def _request_trajectory(output) -> dict[str, torch.Tensor]:
@@ -110,7 +119,7 @@ def _request_trajectory(output) -> dict[str, torch.Tensor]:
 
 
 def unpack_request_output(output, num_outputs_per_prompt: int) -> list[DiffusionOutput]:
-    """Split one engine request's output (N images, trajectory batched over N) into N per-sample outputs.
+    """Split one engine request's output (N images or videos, trajectory batched over N) into N per-sample outputs.
 
     Every rollout pipeline returns the same layout (the recorder's tensors under the names the trainer
     uses, plus the model's conditioning), so nothing here depends on the model: each recorded entry

@@ -13,10 +13,11 @@ class DiffusionOutput:
     """One generated sample.
 
     Args:
-        diffusion_output (`torch.Tensor`, uint8 ``[3, H, W]``): the image.
+        diffusion_output (`torch.Tensor`, uint8): the image ``[3, H, W]`` or the video ``[F, 3, H, W]``.
         rollout_log_probs (`torch.Tensor`, ``[W]``): log-probs of the W recorded SDE transitions (the
             trainer's batch key of the same name).
-        extra_fields (`dict`): ``all_latents`` [W+1, S, C], ``all_timesteps`` [W], ``window_start``,
+        extra_fields (`dict`): ``all_latents`` [W+1, ...] (packed tokens ``[S, C]`` per step for images, the
+            video latent ``[C, F', h, w]`` for video), ``all_timesteps`` [W], ``window_start``,
             ``prompt_embeds`` [L, D], ``prompt_embeds_mask`` [L] and, with CFG,
             ``negative_prompt_embeds`` / ``negative_prompt_embeds_mask``.
         stop_reason (`str`): ``"completed"`` or ``"aborted"``.
