@@ -4,8 +4,9 @@ Trainer runs (each a subprocess of the real entry point), all on the session's t
 cluster (``ray_cluster``: a head and a second node process on this machine, joined through
 ``ray_kwargs.ray_init.address``), shared by the tests below:
 
-* ``one[<model>]``, per model (Qwen-Image, SD3.5, FLUX.1, Z-Image): the same command with only
-  ``actor_rollout_ref.model.path`` changed (every other default works for every model): 1 rollout
+* ``one[<model>]``, per model (Qwen-Image, SD3.5, FLUX.1, Z-Image, Qwen-Image-Edit): the same command with
+  only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the editing
+  model reads an editing set, its source images conditioned at 32², ``EDIT_ARGS``): 1 rollout
   replica + 1 actor rank, the replica colocated with the rank (``trainer.colocate_rollout``, the
   one-GPU layout), 2 steps, the actor recomputes log π_old, a checkpoint every step with
   ``trainer.max_actor_ckpt_to_keep=1``; the saved LoRA loads in the model's diffusers pipeline and
@@ -26,6 +27,7 @@ replay the padded batch exactly).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import shutil
@@ -41,21 +43,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image")
+MODELS = ("qwen_image", "sd3", "flux", "z_image", "qwen_image_edit")
+# what an editing model's run reads besides: source images with its prompts, conditioned at 32² (the stock 1024² is
+# 16k latent tokens of the tiny VAE)
+EDIT_ARGS = ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",)
 # the last step of every run (and the step a resume redoes)
 STEPS = 2
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def one(request, tiny_model, ray_cluster, prompt_files, tmp_path_factory):
+def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_path_factory):
     """``(run, records, model_path)`` of the 1 replica + 1 rank run of one model."""
     model = tiny_model(request.param)
     out = tmp_path_factory.mktemp(f"one_{request.param}") / "run"
+    editing = request.param == "qwen_image_edit"
     records, wall = run_trainer(
         out,
         model,
-        prompt_files,
+        edit_prompt_files if editing else prompt_files,
         ray_cluster,
+        *(EDIT_ARGS if editing else ()),
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS}",
         "trainer.colocate_rollout=true",
@@ -153,6 +160,8 @@ def check_summary(run, model, steps: int) -> None:
     # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
+    if "image" in inspect.signature(pipe.__call__).parameters:  # an editing pipeline: a source image
+        kwargs["image"] = Image.new("RGB", (32, 32), (200, 40, 40))
     tuned = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
     pipe.disable_lora()
     base = pipe(generator=torch.Generator().manual_seed(0), **kwargs).images
