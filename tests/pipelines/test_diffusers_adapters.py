@@ -125,7 +125,7 @@ def _edit_conditioning(pipe, prompts: list[str], cfg: bool) -> dict[str, torch.T
     latents = pipe._encode_vae_image(pipe.image_processor.preprocess(images, height, width).unsqueeze(2), None)
     rows, cols = latents.shape[3] // 2, latents.shape[4] // 2
     out["image_latents"] = pipe._pack_latents(latents, len(prompts), latents.shape[1], 2 * rows, 2 * cols)
-    out["image_latents_grid"] = torch.tensor([[rows, cols]] * len(prompts))
+    out["image_latents_grid"] = torch.tensor([[[rows, cols]]] * len(prompts))
     return out
 
 

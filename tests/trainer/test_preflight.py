@@ -350,7 +350,7 @@ print(json.dumps([after_preflight, [m for m in ("vllm", "vllm_omni") if m in sys
 # ---- algorithm x model pairings ----------------------------------------------------------------
 
 # the tiny models (``tiny_model`` builders) and the algorithms (the Hydra group ``algorithm=<name>``), found, not listed
-PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "qwen_image_edit")
+PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "qwen_image_edit", "qwen_image_edit_plus")
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's record)
 # what a model needs besides the defaults whatever the algorithm: Z-Image cannot take an SDE step on its last step
@@ -370,7 +370,7 @@ REFUSED_SAMPLERS = [
 
 def _adapter_name(model: str) -> str:
     names = {"qwen_image": "QwenImage", "sd3": "SD3", "flux": "Flux", "z_image": "ZImage", "bagel": "Bagel"}
-    return {**names, "qwen_image_edit": "QwenImageEdit"}[model]
+    return {**names, "qwen_image_edit": "QwenImageEdit", "qwen_image_edit_plus": "QwenImageEditPlus"}[model]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)

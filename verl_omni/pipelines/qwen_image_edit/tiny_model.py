@@ -44,16 +44,18 @@ def build_processor(tokenizer):
     )
 
 
-def build_tiny_qwen_image_edit(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+def build_tiny_qwen_image_edit(out_dir: Path, seed: int = 0, dtype: str = "float32", pipeline_class=None) -> Path:
     """Write a tiny random Qwen-Image-Edit pipeline to ``out_dir``; the same seed gives the same weights.
 
-    Returns ``out_dir``, loadable with ``QwenImageEditPipeline.from_pretrained(out_dir)``.
+    ``pipeline_class``: the diffusers pipeline saved (default ``QwenImageEditPipeline``; the Plus variant's builder
+    passes ``QwenImageEditPlusPipeline``, same components). Returns ``out_dir``, loadable with its
+    ``from_pretrained(out_dir)``.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline
 
     tokenizer = build_qwen2_tokenizer()
     out = parts.save_pipeline(
-        QwenImageEditPipeline,
+        pipeline_class or QwenImageEditPipeline,
         Path(out_dir),
         seed,
         dtype,
@@ -66,5 +68,5 @@ def build_tiny_qwen_image_edit(out_dir: Path, seed: int = 0, dtype: str = "float
         tokenizer=tokenizer,
         processor=build_processor(tokenizer),
     )
-    logger.info("tiny Qwen-Image-Edit written to %s", out)
+    logger.info("tiny %s written to %s", (pipeline_class or QwenImageEditPipeline).__name__, out)
     return out

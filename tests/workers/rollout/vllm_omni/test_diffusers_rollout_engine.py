@@ -24,6 +24,11 @@ MODELS = {
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
+    # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
+    "qwen_image_edit_plus": {
+        "true_cfg_scale": 4.0,
+        "model_kwargs": {"condition_area": 32 * 32, "vl_condition_area": 32 * 32},
+    },
 }
 
 pytestmark = pytest.mark.slow
@@ -75,12 +80,15 @@ def source_image(seed: int = 0, size: tuple[int, int] = (40, 24)):
 
 
 def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_request=None, image=None, **overrides):
-    """One request; an editing model's carries ``image`` (default :func:`source_image`)."""
+    """One request; an editing model's carries ``image`` (default :func:`source_image`) and, for a multi-image
+    model, a second, square source image."""
     params = sampling(model_name, **overrides)
     negative = prompt_ids["negative"] if params.get("true_cfg_scale", 1.0) > 1 else None
     images = None
     if engine.adapter.max_source_images:
         images = [source_image() if image is None else image]
+        if engine.adapter.max_source_images > 1:
+            images.append(source_image(2, (24, 24)))
     return loop.run(
         engine.engine_call(prompt_ids["cat"], params, request_id, n, negative, lora_request, image_data=images)
     )
@@ -148,7 +156,7 @@ def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tin
 
 # rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
 # to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
-LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "qwen_image_edit": 8}
+LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "qwen_image_edit": 8, "qwen_image_edit_plus": 8}
 
 
 @pytest.fixture(scope="module")
