@@ -213,7 +213,7 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
             n,
             enabled=cfg.enable_batched_diffusion,
             rollout_name=cfg.name,
-            prompt_keys=(*GROUP_PROMPT_KEYS, row_image_key(self.config.data)),
+            prompt_keys=(*GROUP_PROMPT_KEYS, row_image_key(self.config)),
         )
         if plan.batched and not all(self._agent_loop_cls(r["agent_name"]).supports_batched for r in rows[::n]):
             plan = BatchPlan(1, "the agent loop has no batched path (supports_batched=False)")

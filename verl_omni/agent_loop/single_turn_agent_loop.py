@@ -58,7 +58,7 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
         key = kwargs.get(cfg.server_routing.routing_key_field)
         images = None
         if self.adapter.max_source_images:
-            image_key = row_image_key(self.config.data)
+            image_key = row_image_key(self.config)
             images = load_row_images(kwargs.get(image_key), f"prompt row {kwargs.get('index')} ({image_key})")
         return PromptRequest(prompt_ids, negative_ids, None if key is None else str(key), images)
 

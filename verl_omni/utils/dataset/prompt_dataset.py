@@ -15,9 +15,12 @@ from verl.utils.dataset.rl_dataset import RLHFDataset, get_dataset_class
 DEFAULT_IMAGE_KEY = "images"
 
 
-def row_image_key(data_config) -> str:
-    """The row field holding the source images: ``data.image_key`` (verl's default ``images``)."""
-    return str(data_config.get("image_key", None) or DEFAULT_IMAGE_KEY)
+def row_image_key(config) -> str:
+    """The row field holding the source images: the trainer ``config``'s ``data.image_key`` (verl's default
+    ``images``; also when the config has no ``data`` node, as the standalone rollout's)."""
+    data = config.get("data", None) if config is not None else None
+    key = data.get("image_key", None) if data else None
+    return str(key or DEFAULT_IMAGE_KEY)
 
 
 class DiffusionPromptDataset(RLHFDataset):
