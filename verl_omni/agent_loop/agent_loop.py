@@ -48,11 +48,10 @@ from verl_omni.agent_loop.utils import (
     chunk_bounds,
     group_noise_seeds,
     one_row_array,
-    pad_conditioning_to,
+    pad_conditioning_alike,
     plan_batches,
     right_pad,
     sample_seed,
-    sequence_keys,
 )
 from verl_omni.pipelines.model_base import get_training_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
@@ -355,9 +354,7 @@ class DiffusionAgentLoopManager(AgentLoopManager):
             *[worker.generate_sequences.remote(c) for worker, c in zip(self.agent_loop_workers, chunks, strict=False)]
         )
         keys = self.adapter.recorded_keys()
-        lengths = [o.batch[k].shape[1] for o in outputs for k in sequence_keys(o.batch, keys)]
-        for o in outputs:
-            pad_conditioning_to(o.batch, keys, max(lengths, default=0))
+        pad_conditioning_alike([o.batch for o in outputs], keys)
         metrics = [m for o in outputs for m in o.meta_info.pop("metrics")]
         output = DataProto.concat(outputs)
         output.meta_info = {
