@@ -95,6 +95,35 @@ def test_pad_conditioning_to_leaves_pooled_vectors_and_pads_token_ids_with_their
     assert batch["prompt_token_ids_mask"].shape == (2, 7)
 
 
+def test_workers_batches_pad_each_sequence_to_its_own_longest():
+    """Two workers' outputs of an editing model: prompt embeddings and image tokens each padded to their own
+    longest over the workers (a prompt is not padded to the image's token count, nor the image's grid rows)."""
+    from tensordict import TensorDict
+
+    from verl_omni.agent_loop.utils import pad_conditioning_alike
+
+    def worker(length: int, tokens: int, images: int) -> TensorDict:
+        return TensorDict(
+            {
+                "prompt_embeds": torch.ones(2, length, 3),
+                "prompt_embeds_mask": torch.ones(2, length, dtype=torch.long),
+                "image_latents": torch.ones(2, tokens, 16),
+                "image_latents_grid": torch.ones(2, images, 2, dtype=torch.long),
+                "pooled_prompt_embeds": torch.ones(2, 4),
+            },
+            batch_size=2,
+        )
+
+    batches = [worker(5, 40, 1), worker(7, 24, 2)]
+    pad_conditioning_alike(batches, tuple(batches[0].keys()))
+    for batch in batches:
+        assert batch["prompt_embeds"].shape == (2, 7, 3) and batch["prompt_embeds_mask"].shape == (2, 7)
+        assert batch["image_latents"].shape == (2, 40, 16) and batch["image_latents_grid"].shape == (2, 2, 2)
+        assert batch["pooled_prompt_embeds"].shape == (2, 4)
+    assert int(batches[0]["prompt_embeds_mask"].sum()) == 10 and int(batches[0]["image_latents_grid"][:, 1].sum()) == 0
+    assert torch.cat([b["image_latents"] for b in batches]).shape == (4, 40, 16)
+
+
 def test_one_row_array_keeps_a_message_list_as_one_element():
     value = [{"role": "user", "content": "a"}]
     array = one_row_array(value)

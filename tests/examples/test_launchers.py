@@ -55,6 +55,19 @@ RECIPES = {
             "n": 8,
         },
     ),
+    # the Qwen-Image recipe with the edit model's whitespace negative prompt
+    "qwen_image_edit": (
+        "run_qwen_image_edit_pickscore_lora.sh",
+        {
+            "num_inference_steps": 10,
+            "true_cfg_scale": 4.0,
+            "noise_level": 1.2,
+            "sde_window_size": 2,
+            "n": 16,
+            "negative_prompt": " ",
+        }
+        | SQUARE_512,
+    ),
 }
 # the tiny builder of a launcher named after a model size (run_<name>_ocr_lora.sh with <name> no builder)
 LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2"}
@@ -73,6 +86,21 @@ def ocr_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def edit_dir(tmp_path_factory):
+    """The tiny editing set (source images in the parquet), written by its own script, for the editing launchers."""
+    out = tmp_path_factory.mktemp("edit")
+    script = REPO / "examples" / "data_process" / "edit_prompts.py"
+    subprocess.run([sys.executable, str(script), "--tiny", "--out", str(out)], check=True, timeout=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_dirs(ocr_dir, edit_dir):
+    """``launcher -> DATA_DIR``: an editing model's launcher reads the editing set, the others the OCR set."""
+    return lambda launcher: edit_dir if "_edit_" in launcher else ocr_dir
+
+
 def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     """Run ``launcher`` as a user would (``bash``, ``python3`` from this interpreter's environment)."""
     env = {
@@ -88,7 +116,7 @@ def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subp
 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
-def test_launcher_composes_and_passes_the_preflight(model, tiny_model, ocr_dir, tmp_path):
+def test_launcher_composes_and_passes_the_preflight(model, tiny_model, data_dirs, tmp_path):
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.preflight import check_config, check_resources
@@ -98,7 +126,7 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model, ocr_dir, 
     launcher, expected = RECIPES[model]
     model_path = tiny_model(model)
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
-    proc = launch(launcher, model_path, ocr_dir, *PASS_THROUGH, run_dir, "--cfg", "job")
+    proc = launch(launcher, model_path, data_dirs(launcher), *PASS_THROUGH, run_dir, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()
     config = OmegaConf.create(proc.stdout)
@@ -109,7 +137,7 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model, ocr_dir, 
 
     rollout = config.actor_rollout_ref.rollout
     assert {key: rollout[key] for key in expected} == expected
-    if "true_cfg_scale" in expected:  # the authors' negative prompt is the empty one
+    if "true_cfg_scale" in expected and "negative_prompt" not in expected:  # the authors' negative prompt: empty
         assert rollout.negative_prompt == ""
     assert config.actor_rollout_ref.model.path == str(model_path)
     assert configs.trainer.device == "cpu", "an extra argument overrides the launcher's own"
@@ -153,11 +181,11 @@ def test_launcher_without_model_path_says_what_to_set():
 # ---- each launcher with each algorithm ----------------------------------------------------------
 
 DOC = REPO / "docs" / "algorithms.md"
-# one row per (launcher, algorithm): `| `run_<model>_ocr_lora.sh` | `<algorithm>` | <command or refusal> |`
-DOC_ROW = re.compile(r"^\| `(run_(\w+)_ocr_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
-# the model launchers (``run_<model>_ocr_lora.sh``, ``<model>`` a tiny-model builder) and the Hydra group
+# one row per (launcher, algorithm): `| `run_<model>_<reward>_lora.sh` | `<algorithm>` | <command or refusal> |`
+DOC_ROW = re.compile(r"^\| `(run_(\w+?)_(?:ocr|pickscore)_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
+# the model launchers (``run_<model>_<reward>_lora.sh``, ``<model>`` a tiny-model builder) and the Hydra group
 # ``algorithm=<name>``: found on disk, so that a new launcher or algorithm needs its row in the doc
-MODEL_LAUNCHERS = sorted(p.name for p in LAUNCHERS.glob("run_*_ocr_lora.sh"))
+MODEL_LAUNCHERS = sorted(p.name for p in LAUNCHERS.glob("run_*_lora.sh"))
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 
 
@@ -174,7 +202,7 @@ def test_the_doc_has_one_row_per_launcher_and_algorithm():
 
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 @pytest.mark.parametrize("launcher", MODEL_LAUNCHERS)
-def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algorithm, tiny_model, ocr_dir, tmp_path):
+def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algorithm, tiny_model, data_dirs, tmp_path):
     """The documented command composes through Hydra from the command line and passes every check before Ray; a
     pairing the doc marks refused fails naming the algorithm, the model path and what the model serves instead."""
     from omegaconf import OmegaConf
@@ -194,7 +222,14 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
         assert cell.startswith("refused before Ray"), cell
         args = [f"algorithm={algorithm}"]
     proc = launch(
-        launcher, model_path, ocr_dir, *PASS_THROUGH, f"trainer.default_local_dir={tmp_path}", *args, "--cfg", "job"
+        launcher,
+        model_path,
+        data_dirs(launcher),
+        *PASS_THROUGH,
+        f"trainer.default_local_dir={tmp_path}",
+        *args,
+        "--cfg",
+        "job",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()

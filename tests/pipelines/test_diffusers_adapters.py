@@ -1,4 +1,4 @@
-"""SD3.5, FLUX.1 and Z-Image training adapters against their own diffusers pipelines (CPU, fp32).
+"""SD3.5, FLUX.1, Z-Image and Qwen-Image-Edit training adapters against their own diffusers pipelines (CPU, fp32).
 
 The reference sampler is each model's diffusers pipeline itself, run with a scheduler whose
 ``step`` is the shared SDE step over per-sample windows and records what a rollout records: the
@@ -6,6 +6,10 @@ pipeline does its own prompt encoding, latent layout, schedule, CFG or guidance 
 hands our step the velocity. The adapter must then predict the same velocity from the recorded
 tensors, rebuild the same schedule, and replay the same log-probs (≤ 1e-5). A LoRA saved the way
 checkpoints save it must load with the pipeline's ``load_lora_weights`` and change the image.
+
+Qwen-Image-Edit's pipeline conditions on its source image at 1024² pixels, 16k latent tokens of the tiny
+4x VAE (minutes per sample on this CPU): its module-level ``calculate_dimensions`` is called with
+:data:`EDIT_CONDITION_AREA` instead, the area the adapter's ``condition_area`` setting gives the rollout.
 """
 
 from __future__ import annotations
@@ -18,6 +22,17 @@ import torch
 
 PROMPTS = ["a red apple on a table", 'a blue boat near the beach, a sign that says "OK"']
 STEPS, HEIGHT, WIDTH, WINDOW, NOISE_LEVEL = 4, 32, 64, 2, 0.7
+# the editing model's source-image area (a 40x24 image conditions at 64x32: a grid unlike the output's)
+EDIT_CONDITION_AREA = 48 * 48
+
+
+def _source_images() -> list:
+    """One source image per prompt (Qwen-Image-Edit)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    return [Image.fromarray(rng.randint(0, 256, (24, 40, 3), dtype=np.uint8)) for _ in PROMPTS]
 
 
 @dataclass(frozen=True)
@@ -50,6 +65,14 @@ MODELS = {
         {"guidance_scale": 3.0, "cfg_normalization": True, "cfg_truncation": 0.3},
         {"cfg_normalization": 1.0, "cfg_truncation": 0.3},
     ),
+    "qwen_image_edit": Model(
+        "qwen_image_edit",
+        "verl_omni.pipelines.qwen_image_edit.training_adapter:QwenImageEditTrainingAdapter",
+        4.0,
+        {"true_cfg_scale": 4.0, "negative_prompt": [" "] * len(PROMPTS), "image": _source_images()},
+        {"condition_area": EDIT_CONDITION_AREA},
+        packed=True,
+    ),
 }
 
 
@@ -76,7 +99,34 @@ def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, t
             pos, neg = pipe.encode_prompt(list(prompts), "cpu", cfg, [""] * len(prompts))
             out = _padded(pos, "prompt_embeds")
             return out | (_padded(neg, "negative_prompt_embeds") if cfg else {})
+        if name == "qwen_image_edit":
+            return _edit_conditioning(pipe, prompts, cfg)
     raise KeyError(name)
+
+
+def _edit_conditioning(pipe, prompts: list[str], cfg: bool) -> dict[str, torch.Tensor]:
+    """Qwen-Image-Edit: the VL embeddings of prompt + source image, the source image's packed latents and grid."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+
+    sources = MODELS["qwen_image_edit"].call_kwargs["image"]
+    width, height, _ = edit.calculate_dimensions(EDIT_CONDITION_AREA, sources[0].size[0] / sources[0].size[1])
+    images = pipe.image_processor.resize(sources, height, width)
+
+    def encoded(texts: list[str]):
+        embeds, mask = pipe.encode_prompt(texts, images, device="cpu")
+        # diffusers drops an all-ones mask; the rollout records it
+        return embeds, torch.ones(embeds.shape[:2], dtype=torch.long) if mask is None else mask
+
+    pe, mask = encoded(list(prompts))
+    out = {"prompt_embeds": pe, "prompt_embeds_mask": mask}
+    if cfg:
+        npe, nmask = encoded([" "] * len(prompts))
+        out |= {"negative_prompt_embeds": npe, "negative_prompt_embeds_mask": nmask}
+    latents = pipe._encode_vae_image(pipe.image_processor.preprocess(images, height, width).unsqueeze(2), None)
+    rows, cols = latents.shape[3] // 2, latents.shape[4] // 2
+    out["image_latents"] = pipe._pack_latents(latents, len(prompts), latents.shape[1], 2 * rows, 2 * cols)
+    out["image_latents_grid"] = torch.tensor([[[rows, cols]]] * len(prompts))
+    return out
 
 
 def _padded(rows: list[torch.Tensor], key: str) -> dict[str, torch.Tensor]:
@@ -129,6 +179,17 @@ def model_name(request):
 @pytest.fixture(scope="module")
 def tiny_path(model_name, tiny_model):
     return tiny_model(MODELS[model_name].builder)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def edit_condition_area():
+    """Qwen-Image-Edit's pipeline conditions at :data:`EDIT_CONDITION_AREA` pixels (module docstring)."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as edit
+
+    stock = edit.calculate_dimensions
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(edit, "calculate_dimensions", lambda area, ratio: stock(EDIT_CONDITION_AREA, ratio))
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -256,6 +317,8 @@ def test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image(model_
     kwargs = dict(
         height=HEIGHT, width=HEIGHT, num_inference_steps=2, output_type="pt", **MODELS[model_name].call_kwargs
     )
+    if "image" in kwargs:
+        kwargs |= {"image": kwargs["image"][0], "negative_prompt": " "}
     base = pipe(prompt=PROMPTS[0], generator=torch.Generator().manual_seed(0), **kwargs).images
     pipe.load_lora_weights(tmp_path / "lora")
     wrapped = [n for n, m in pipe.transformer.named_modules() if hasattr(m, "lora_A")]
@@ -296,7 +359,8 @@ def test_prompt_token_ids_are_the_rollout_tokenizers_unpadded_ids(model_name, pi
     adapter = _adapter(MODELS[model_name])
     tokenizer = getattr(pipe, adapter.tokenizer_subfolder)
     ids = adapter.prompt_token_ids(tokenizer, PROMPTS[0])
-    assert 3 < len(ids) < 77 and tokenizer.pad_token_id not in ids[1:-1]
+    template = len(adapter.prompt_token_ids(tokenizer, ""))
+    assert 3 < len(ids) - template < 77 and tokenizer.pad_token_id not in ids[1:-1]
     assert "apple" in tokenizer.decode(ids)
 
 

@@ -144,6 +144,8 @@ def test_video_samples_flow_through_the_manager_with_per_frame_scorers():
     out = asyncio.run(DiffusionRewardManager(config).run_batch(make_data(videos, ["a", "b"])))
     assert [o["reward_extra_info"]["reward/brightness"] for o in out] == pytest.approx([0.2, 0.8])
     assert [o["reward_extra_info"]["reward/tc"] for o in out] == pytest.approx([1.0, 1 - (2 * 204 / 3) / 255])
+
+
 def test_a_videos_reward_is_the_mean_of_its_frames_scored_as_images():
     """Videos ``[B, F, 3, H, W]`` (Wan2.2's rollout): the image scorers score every frame with the video's prompt;
     the video's reward and per-scorer value are the means over its frames. (The video scorers proper, per-frame

@@ -1,8 +1,9 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video): the same command with only
-``actor_rollout_ref.model.path`` changed (every other default works for every model; the video model also
-samples 5 frames, ``MODEL_ARGS``), a subprocess of
+``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video, Qwen-Image-Edit): the same
+command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
+video model also samples 5 frames, the editing model reads an editing set and conditions its source images
+at 32², ``MODEL_ARGS``), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout), 2 steps, the
 actor recomputes log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``; the
@@ -16,6 +17,7 @@ files side by side.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -28,9 +30,15 @@ from verl_omni.trainer.flowgrpo import run_dir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2")
-# what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video)
-MODEL_ARGS = {"wan2_2": ("actor_rollout_ref.rollout.num_frames=5",)}
+MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2", "qwen_image_edit")
+# what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
+# the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
+MODEL_ARGS = {
+    "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
+    "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
+}
+# the models whose prompts carry source images (an editing set)
+EDITING = ("qwen_image_edit",)
 # per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check)
 PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}}
 # the last step of every run
@@ -38,14 +46,14 @@ STEPS = 2
 
 
 @pytest.fixture(scope="module", params=MODELS)
-def one(request, tiny_model, ray_cluster, prompt_files, tmp_path_factory):
+def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_path_factory):
     """``(run, records, model_path)`` of the 1 replica + 1 rank run of one model."""
     model = tiny_model(request.param)
     out = tmp_path_factory.mktemp(f"one_{request.param}") / "run"
     records, wall = run_trainer(
         out,
         model,
-        prompt_files,
+        edit_prompt_files if request.param in EDITING else prompt_files,
         ray_cluster,
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS}",
@@ -81,6 +89,8 @@ def check_summary(run, model, steps: int) -> None:
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
     kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
+    if "image" in inspect.signature(pipe.__call__).parameters:  # an editing pipeline: a source image
+        kwargs["image"] = Image.new("RGB", (32, 32), (200, 40, 40))
 
     def sample():
         # an image pipeline's output has .images, a video pipeline's .frames

@@ -193,6 +193,22 @@ def test_file_that_is_not_parquet_names_it(compose, tmp_path):
     fails_before_ray(compose(f"data.train_files={text}"), f"data.train_files: {text} is not a readable parquet file")
 
 
+def test_an_editing_set_with_a_missing_source_image_names_key_file_and_row(compose, tmp_path):
+    from PIL import Image
+
+    from verl_omni.utils.dataset.edit_prompts import edit_row
+    from verl_omni.utils.dataset.t2i_prompts import write_parquet
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
+    rows = [edit_row("a red cat", [{"image": str(tmp_path / "ok.png")}], i, "train", "t") for i in range(8)]
+    rows[5]["images"] = [{"image": str(tmp_path / "gone.png")}]
+    path = write_parquet(rows, tmp_path / "edit.parquet")
+    fails_before_ray(
+        compose(f"data.train_files={path}"),
+        rf"data.train_files: {path} row 5 \(images\), image 0: source image .*gone.png does not exist",
+    )
+
+
 def test_fewer_prompts_than_a_batch_is_refused(compose):
     fails_before_ray(compose("data.train_batch_size=1000"), "fewer than data.train_batch_size=1000")
 
@@ -340,7 +356,7 @@ print(json.dumps([after_preflight, [m for m in ("vllm", "vllm_omni") if m in sys
 # ---- algorithm x model pairings ----------------------------------------------------------------
 
 # the tiny models (``tiny_model`` builders) and the algorithms (the Hydra group ``algorithm=<name>``), found, not listed
-PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "wan2_2")
+PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "wan2_2", "qwen_image_edit", "qwen_image_edit_plus")
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's record)
 # what a model needs besides the defaults whatever the algorithm: Z-Image cannot take an SDE step on its last step
@@ -366,6 +382,8 @@ def _adapter_name(model: str) -> str:
         "z_image": "ZImage",
         "bagel": "Bagel",
         "wan2_2": "Wan22",
+        "qwen_image_edit": "QwenImageEdit",
+        "qwen_image_edit_plus": "QwenImageEditPlus",
     }[model]
 
 

@@ -29,6 +29,29 @@ def write_prompt_files(root: Path) -> tuple[Path, Path]:
     return train, val
 
 
+def write_edit_prompt_files(root: Path) -> tuple[Path, Path]:
+    """:func:`write_prompt_files`' prompts as editing instructions, each with its own source image (PNG bytes,
+    sides unlike the output's so the image tokens have another grid)."""
+    import io
+
+    from PIL import Image
+
+    from verl_omni.utils.dataset.edit_prompts import edit_row
+    from verl_omni.utils.dataset.t2i_prompts import write_parquet
+
+    def rows(prompts, split: str) -> list[dict]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            buffer = io.BytesIO()
+            Image.new("RGB", (40, 24), (40 * i, 200 - 20 * i, 90)).save(buffer, format="PNG")
+            out.append(edit_row(prompt, [{"bytes": buffer.getvalue()}], i, split, "e2e_edit"))
+        return out
+
+    return write_parquet(rows(PROMPTS * 2, "train"), root / "t.parquet"), write_parquet(
+        rows(PROMPTS[:2], "val"), root / "v.parquet"
+    )
+
+
 def run_trainer(out: Path, model: Path, prompts, cluster, *overrides: str) -> tuple[list[dict], float]:
     """Run the entry point (tiny sizes, then ``overrides``) on the session's Ray ``cluster`` (``ray_cluster``
     in ``tests/conftest.py``); return the metrics file's records and the wall time."""

@@ -12,6 +12,8 @@ from verl.utils.profiler import simple_timer
 
 from verl_omni.agent_loop.agent_loop import DiffusionAgentLoopBase, DiffusionAgentLoopOutput
 from verl_omni.reward_loop.reward_manager import prompt_text
+from verl_omni.utils.dataset.edit_prompts import load_row_images
+from verl_omni.utils.dataset.prompt_dataset import row_image_key
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
@@ -23,11 +25,13 @@ SINGLE_TURN_NUM_TURNS = 2
 
 @dataclass(frozen=True)
 class PromptRequest:
-    """What one server call needs from a row: templated ids, negative ids (true CFG), routing key."""
+    """What one server call needs from a row: templated ids, negative ids (true CFG), routing key, and the
+    source images of an editing model (PIL, decoded here; None for text-to-image)."""
 
     prompt_ids: list[int]
     negative_prompt_ids: list[int] | None
     routing_key: str | None
+    images: list | None = None
 
 
 @register(AGENT_NAME)
@@ -36,7 +40,8 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
 
     The prompt is ``raw_prompt`` (a string, or chat messages whose last user turn is the prompt);
     with the spec's ``true_cfg_scale > 1`` the negative prompt is the row's ``negative_prompt`` or the
-    config's. Requests are routed on the row's ``server_routing.routing_key_field`` (``uid``).
+    config's. Requests are routed on the row's ``server_routing.routing_key_field`` (``uid``). An editing
+    model's (``adapter.max_source_images``) request carries the row's source images (``data.image_key``).
     """
 
     supports_batched = True
@@ -51,7 +56,11 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
             negative = cfg.negative_prompt if negative is None else negative
             negative_ids = self.adapter.prompt_token_ids(self.tokenizer, negative)
         key = kwargs.get(cfg.server_routing.routing_key_field)
-        return PromptRequest(prompt_ids, negative_ids, None if key is None else str(key))
+        images = None
+        if self.adapter.max_source_images:
+            image_key = row_image_key(self.config)
+            images = load_row_images(kwargs.get(image_key), f"prompt row {kwargs.get('index')} ({image_key})")
+        return PromptRequest(prompt_ids, negative_ids, None if key is None else str(key), images)
 
     def _output(self, request: PromptRequest, sample: DiffusionOutput, metrics: dict) -> DiffusionAgentLoopOutput:
         num_preempted = sample.num_preempted if sample.num_preempted is not None else -1
@@ -72,6 +81,7 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
                 sampling_params=sampling_params,
                 negative_prompt_ids=request.negative_prompt_ids,
                 routing_key=request.routing_key,
+                image_data=request.images,
             )
         return self._output(request, sample, metrics)
 
@@ -88,5 +98,6 @@ class DiffusionSingleTurnAgentLoop(DiffusionAgentLoopBase):
                 num_outputs_per_prompt=num_outputs,
                 negative_prompt_ids=request.negative_prompt_ids,
                 routing_key=request.routing_key,
+                image_data=request.images,
             )
         return [self._output(request, sample, dict(metrics)) for sample in samples]

@@ -135,6 +135,22 @@ def pad_conditioning_to(batch, keys: Sequence[str], length: int) -> None:
             batch[key] = right_pad(list(batch[key]), length)
 
 
+def pad_conditioning_alike(batches: Sequence, keys: Sequence[str]) -> None:
+    """Zero-pad each recorded sequence under ``keys`` (a key with its ``<key>_mask``, :func:`sequence_keys`) of every
+    TensorDict in ``batches`` to that sequence's longest over them, in place, so that the batches concatenate. One
+    sequence's length does not pad another's: an editing model's image tokens are no prompt length."""
+    groups: dict[str, list[str]] = {}
+    for batch in batches:
+        for key in sequence_keys(batch, keys):
+            members = groups.setdefault(key.removesuffix("_mask"), [])
+            if key not in members:
+                members.append(key)
+    for members in groups.values():
+        length = max(b[k].shape[1] for b in batches for k in members if k in b.keys())
+        for batch in batches:
+            pad_conditioning_to(batch, members, length)
+
+
 def one_row_array(value: Any) -> np.ndarray:
     """A length-1 object array holding ``value`` as is (``np.array([messages])`` would make it 2-D)."""
     array = np.empty(1, dtype=object)

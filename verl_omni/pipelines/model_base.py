@@ -115,6 +115,8 @@ class ModelAdapter:
             or ``"distilled"`` (a guidance embedding, one pass per step); see :mod:`verl_omni.pipelines.sampling`.
         default_true_cfg_scale (`float`): ``true_cfg_scale`` when the config leaves it null (<= 1: no CFG).
         default_guidance_scale (`float` or None): ``guidance_scale`` when the config leaves it null (distilled only).
+        max_source_images (`int`): source images a prompt row carries (an editing model's, ``data.image_key``);
+            0: text-to-image, the rows' images are not sent.
     """
 
     rollout_pipeline: ClassVar[str]
@@ -138,6 +140,7 @@ class ModelAdapter:
     guidance_style: ClassVar[str]
     default_true_cfg_scale: ClassVar[float] = 1.0
     default_guidance_scale: ClassVar[float | None] = None
+    max_source_images: ClassVar[int] = 0
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[ModelAdapter]:

@@ -10,7 +10,8 @@ This module imports only the standard library, OmegaConf and pyarrow, and checks
   is refused naming the key); no value may be NaN;
 * the model directory: ``model_index.json`` or ``config.json``, every component's JSON config,
   every safetensors header (the 8-byte length and the JSON header, not the weights);
-* every data file: a readable, non-empty parquet with the prompt column (``data.prompt_key``);
+* every data file: a readable, non-empty parquet with the prompt column (``data.prompt_key``); where it
+  has a source-image column (``data.image_key``, verl's ``images``: an editing set), every image opens;
 * every reward endpoint (a scorer's ``params.url``) answers HTTP, unless ``reward.diffusion.preflight=false``.
 
 Every error is a ``ValueError`` naming the key or file and the fix.
@@ -215,8 +216,9 @@ def check_data_files(config: DictConfig) -> None:
     keys = ["data.train_files"]
     if trainer.val_before_train or trainer.test_freq > 0:
         keys.append("data.val_files")
+    image_key = str(OmegaConf.select(config, "data.image_key", default=None) or "images")
     for key in keys:
-        rows = sum(_check_parquet(key, f, prompt_key) for f in _files(config, key))
+        rows = sum(_check_parquet(key, f, prompt_key, image_key) for f in _files(config, key))
         batch = OmegaConf.select(config, "data.train_batch_size")
         if key == "data.train_files" and isinstance(batch, int) and rows < batch:
             raise ValueError(
@@ -232,8 +234,9 @@ def _files(config: DictConfig, key: str) -> list[str]:
     return [str(f) for f in files]
 
 
-def _check_parquet(key: str, file: str, prompt_key: str) -> int:
-    """Rows of one parquet file, after checking it opens and has ``prompt_key``."""
+def _check_parquet(key: str, file: str, prompt_key: str, image_key: str = "images") -> int:
+    """Rows of one parquet file, after checking it opens, has ``prompt_key`` and, if it has ``image_key``,
+    that every source image opens (PIL only: no torch)."""
     import pyarrow.parquet as pq
 
     path = Path(file).expanduser()
@@ -254,6 +257,15 @@ def _check_parquet(key: str, file: str, prompt_key: str) -> int:
     rows = meta.metadata.num_rows
     if rows == 0:
         raise ValueError(f"{key}: {file} has no rows; write prompts into it or remove it from {key}")
+    if image_key in columns:
+        from verl_omni.utils.dataset.edit_prompts import check_source_images
+
+        try:
+            check_source_images(path, image_key)
+        except ValueError as e:
+            raise ValueError(
+                f"{key}: {e}; fix the row or rewrite the set (examples/data_process/edit_prompts.py)"
+            ) from e
     return rows
 
 

@@ -31,7 +31,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from tqdm import tqdm
 from verl import DataProto
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
-from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+from verl.trainer.ppo.utils import create_rl_sampler
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.dataset.rl_dataset import collate_fn
 from verl.utils.debug import marked_timer
@@ -42,6 +42,7 @@ from verl_omni.trainer.config.validation import FlowGRPOConfigs
 from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
 from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.utils.dataset.prompt_dataset import create_prompt_dataset
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
 from verl_omni.workers.utils.replay import get_replay
@@ -138,7 +139,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
     def _init_dataloader(self):
         data = self.config.data
-        self.train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, None, is_train=True)
+        self.train_dataset = create_prompt_dataset(data.train_files, data, self.tokenizer, is_train=True)
         self.train_dataloader = StatefulDataLoader(
             self.train_dataset,
             batch_size=data.train_batch_size,
@@ -157,7 +158,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.total_training_steps = trainer.total_training_steps or self.steps_per_epoch * trainer.total_epochs
         self.val_dataloader = None
         if trainer.val_before_train or trainer.test_freq > 0:
-            self.val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, None, is_train=False)
+            self.val_dataset = create_prompt_dataset(data.val_files, data, self.tokenizer, is_train=False)
             self.val_dataloader = StatefulDataLoader(
                 self.val_dataset,
                 batch_size=data.val_batch_size or len(self.val_dataset),

@@ -58,9 +58,11 @@ class OmniLLMServerClient(LLMServerClient):
         sampling_params: dict[str, Any],
         negative_prompt_ids: list[int] | None = None,
         routing_key: str | None = None,
+        image_data: list[Any] | None = None,
         **kwargs: Any,
     ) -> DiffusionOutput:
-        """One sample of ``prompt_ids`` (templated token ids); ``sampling_params`` as in ``rollout_request``."""
+        """One sample of ``prompt_ids`` (templated token ids); ``sampling_params`` as in ``rollout_request``;
+        ``image_data``: the prompt's source images (an editing model's)."""
         return await self._call(
             "generate",
             request_id,
@@ -69,6 +71,7 @@ class OmniLLMServerClient(LLMServerClient):
             prompt_ids=prompt_ids,
             sampling_params=sampling_params,
             negative_prompt_ids=negative_prompt_ids,
+            image_data=image_data,
         )
 
     async def generate_batched(
@@ -80,6 +83,7 @@ class OmniLLMServerClient(LLMServerClient):
         num_outputs_per_prompt: int,
         negative_prompt_ids: list[int] | None = None,
         routing_key: str | None = None,
+        image_data: list[Any] | None = None,
     ) -> list[DiffusionOutput]:
         """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch);
         ``num_outputs_per_prompt < 1`` is a ``ValueError`` from the balancer, before any replica is reserved."""
@@ -92,6 +96,7 @@ class OmniLLMServerClient(LLMServerClient):
             sampling_params=sampling_params,
             num_outputs_per_prompt=num_outputs_per_prompt,
             negative_prompt_ids=negative_prompt_ids,
+            image_data=image_data,
         )
 
     async def _call(self, method: str, request_id: str, routing_key: str | None, num_images: int, **call_kwargs):

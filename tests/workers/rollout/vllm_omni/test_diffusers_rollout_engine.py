@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (text-to-video) rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (text-to-video) / Qwen-Image-Edit rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -24,6 +24,13 @@ MODELS = {
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # a video of 5 frames (two latent frames), two latent patches across (the rotary embedding's width positions)
     "wan2_2": {"true_cfg_scale": 4.0, "num_frames": 5, "width": 2 * W},
+    # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
+    "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
+    # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
+    "qwen_image_edit_plus": {
+        "true_cfg_scale": 4.0,
+        "model_kwargs": {"condition_area": 32 * 32, "vl_condition_area": 32 * 32},
+    },
 }
 
 pytestmark = pytest.mark.slow
@@ -66,10 +73,27 @@ def sampling(model_name, **overrides):
     return {**base, **MODELS[model_name], "seed": 7, **overrides}
 
 
-def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_request=None, **overrides):
+def source_image(seed: int = 0, size: tuple[int, int] = (40, 24)):
+    """A random RGB source image (not square: its conditioning grid is not the output's)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_request=None, image=None, **overrides):
+    """One request; an editing model's carries ``image`` (default :func:`source_image`) and, for a multi-image
+    model, a second, square source image."""
     params = sampling(model_name, **overrides)
     negative = prompt_ids["negative"] if params.get("true_cfg_scale", 1.0) > 1 else None
-    return loop.run(engine.engine_call(prompt_ids["cat"], params, request_id, n, negative, lora_request))
+    images = None
+    if engine.adapter.max_source_images:
+        images = [source_image() if image is None else image]
+        if engine.adapter.max_source_images > 1:
+            images.append(source_image(2, (24, 24)))
+    return loop.run(
+        engine.engine_call(prompt_ids["cat"], params, request_id, n, negative, lora_request, image_data=images)
+    )
 
 
 def test_images_finite_log_probs_and_the_adapters_conditioning(loop, model_engine, model_name, prompt_ids, adapter):
@@ -95,6 +119,22 @@ def test_seeds_reproduce_and_other_seeds_differ(loop, model_engine, model_name, 
     assert torch.equal(a.diffusion_output, b.diffusion_output)
     assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
     assert not torch.equal(a.diffusion_output, c.diffusion_output)
+
+
+def test_the_source_image_changes_the_edit(loop, model_engine, model_name, prompt_ids, adapter):
+    """An editing model's output depends on its source image (same seed, another image: another edit), and a
+    request without one is refused naming the request."""
+    if not adapter.max_source_images:
+        pytest.skip(f"{model_name} takes no source image")
+    (a,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-a")
+    (b,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-b", image=source_image(1))
+    assert not torch.equal(a.diffusion_output, b.diffusion_output)
+    assert not torch.equal(a.extra_fields["image_latents"], b.extra_fields["image_latents"])
+    assert not torch.equal(a.extra_fields["prompt_embeds"], b.extra_fields["prompt_embeds"])
+    params = sampling(model_name)
+    negative = prompt_ids["negative"]
+    with pytest.raises(ValueError, match="request no-src has 0 source images"):
+        loop.run(model_engine.engine_call(prompt_ids["cat"], params, "no-src", 1, negative))
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +163,7 @@ def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tin
 # rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
 # to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
 # Wan2.2: per block, the self-attention's fused to_qkv and to_out, the cross-attention's to_q, to_k, to_v, to_out
-LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "wan2_2": 12}
+LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "wan2_2": 12, "qwen_image_edit": 8, "qwen_image_edit_plus": 8}
 
 
 @pytest.fixture(scope="module")

@@ -134,6 +134,8 @@ def test_own_storage_sends_each_sample_alone_and_the_shared_row_once():
         assert torch.equal(sample.diffusion_output, view.diffusion_output)
         assert torch.equal(sample.extra_fields["all_latents"], trajectory["all_latents"][i])
         assert sample.extra_fields["all_latents"].untyped_storage().nbytes() == latent_bytes // N
+
+
 def test_a_video_requests_frame_array_becomes_uint8_frames_per_sample():
     """vLLM-Omni's video post-process (Wan2.2) gives one ``[N, F, H, W, 3]`` array in [0, 1] for the request; each
     sample gets its uint8 ``[F, 3, H, W]`` video, rounded as diffusers rounds pixels, beside its 5-D latents."""

@@ -68,6 +68,20 @@ def build_sampling_params(
     )
 
 
+def check_source_images(adapter, image_data: list[Any] | None, request_id: str, model_path: str) -> None:
+    """An editing model's request carries 1 to ``adapter.max_source_images`` source images; another model's none."""
+    count = len(image_data or ())
+    if adapter.max_source_images and not 1 <= count <= adapter.max_source_images:
+        raise ValueError(
+            f"request {request_id} has {count} source images; {model_path} ({adapter.__name__}) edits 1 to "
+            f"{adapter.max_source_images} per prompt (the row's data.image_key column)"
+        )
+    if count and not adapter.max_source_images:
+        raise ValueError(
+            f"request {request_id} has {count} source images; {model_path} ({adapter.__name__}) takes none"
+        )
+
+
 def _image_to_uint8(image) -> torch.Tensor:
     """PIL image (what a stock vLLM-Omni image post-process returns: BAGEL's, or any model's off the final-pixels
     path) to uint8 ``[3, H, W]``.
@@ -259,14 +273,18 @@ class OmniRolloutEngine:
         negative_prompt_token_ids: list[int] | None = None,
         lora_request=None,
         lora_scale: float | None = None,
+        image_data: list[Any] | None = None,
     ) -> list[DiffusionOutput]:
         """One engine request for ``num_outputs_per_prompt`` samples of one prompt (the shared helper).
 
+        ``image_data``: the prompt's source images (PIL images; an editing model's), sent once for all samples as
+        vLLM-Omni's multimodal input ``prompt["multi_modal_data"]["image"]``.
         ``lora_request`` (a vLLM ``LoRARequest`` of an adapter on disk) and ``lora_scale`` apply to this
         request only; without them the adapter pushed by :meth:`load_lora_tensors` (if any) is used.
         """
         if not isinstance(num_outputs_per_prompt, int) or num_outputs_per_prompt < 1:
             raise ValueError(f"num_outputs_per_prompt must be an int >= 1, got {num_outputs_per_prompt!r}")
+        check_source_images(self.adapter, image_data, request_id, self.model_path)
         params = build_sampling_params(
             sampling_params, num_outputs_per_prompt, lora_request or self.active_lora, self.adapter
         )
@@ -276,6 +294,8 @@ class OmniRolloutEngine:
         prompt = {"prompt_token_ids": list(prompt_token_ids)}
         if negative_prompt_token_ids is not None:
             prompt["negative_prompt_token_ids"] = list(negative_prompt_token_ids)
+        if image_data:
+            prompt["multi_modal_data"] = {"image": list(image_data)}
         if len(stage_params) > 1:
             # a thinker stage (vLLM's input processor) needs the output modality
             prompt["modalities"] = ["image"]

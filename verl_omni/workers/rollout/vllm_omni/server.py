@@ -134,6 +134,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
             negative_prompt_ids=negative_prompt_ids,
             lora_request=lora_request,
             lora_scale=lora_scale,
+            image_data=image_data,
         )
         return output
 
@@ -146,6 +147,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         negative_prompt_ids: list[int] | None = None,
         lora_request: Any = None,
         lora_scale: float | None = None,
+        image_data: list[Any] | None = None,
         **kwargs: Any,
     ) -> list[DiffusionOutput]:
         """``num_outputs_per_prompt`` samples of one prompt from one engine request (one transformer batch).
@@ -153,6 +155,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         ``prompt_ids`` / ``negative_prompt_ids`` keep verl's server argument names; inside the rollout
         path they are ``prompt_token_ids``, as vLLM names them. ``lora_request`` / ``lora_scale`` select
         an adapter for this request only (default: the adapter pushed with :meth:`load_lora_tensors`).
+        ``image_data`` (verl's name): the prompt's source images, sent once for the request's samples.
         Each output's ``extra_fields["request_id"]`` is the id this server ran the request under.
         """
         outputs = await self._engine_call(
@@ -163,6 +166,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
             negative_prompt_token_ids=negative_prompt_ids,
             lora_request=lora_request,
             lora_scale=lora_scale,
+            image_data=image_data,
         )
         for output in outputs:
             output.extra_fields["request_id"] = request_id
