@@ -3,13 +3,14 @@
 # one process, `-n 4` on four workers).
 # GPU tests (marked `gpu`) are deselected here; scripts/device/ runs them on a GPU machine.
 # Two workers, one test file each at a time (`--dist loadfile`: a module's shared engine or trainer run
-# stays in one process): a trainer run or an engine start is mostly one process importing, so the
-# second core would otherwise wait (docs/development.md, "Suite time").
+# stays in one process), taken in the order tests/conftest.py gives (longest first; xdist's own order is
+# by test count): a trainer run or an engine start is mostly one process importing, so the second core
+# would otherwise wait (docs/development.md, "Suite time").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 set +e
-.venv/bin/python -m pytest tests -m "not gpu" -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest tests -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a broken suite, say so.

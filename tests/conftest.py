@@ -24,13 +24,26 @@ CPUS_PER_NODE = 6
 
 
 def pytest_collection_modifyitems(config, items):
-    """Modules with a ``slow`` test first, each module's tests kept together and in order.
+    """The longest modules first, each module's tests kept together and in order.
 
-    The suite runs on parallel workers (``scripts/test.sh``: ``pytest -n 2 --dist loadfile``), which take
-    files in collection order as they become free; the long files started first and the short ones
-    filling in after keep one worker from running a long file alone at the end."""
-    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module not in slow_modules)
+    The suite runs on parallel workers (``scripts/test.sh``: ``pytest -n 2 --dist loadfile
+    --no-loadscope-reorder``), which take files in this order as they become free: the long files started
+    first and the short ones filling in after keep one worker from running a long file alone at the end.
+    A module's expected length is what it declares: ``slow`` modules before the others, and among them the
+    larger ``timeout`` first (the trainer runs declare theirs)."""
+    default_timeout = float(config.getini("timeout") or 0)
+
+    def cost(module) -> tuple[bool, float]:
+        tests = [item for item in items if item.module is module]
+        slow = any(item.get_closest_marker("slow") for item in tests)
+        timeouts = [m.args[0] for item in tests if (m := item.get_closest_marker("timeout")) and m.args]
+        return not slow, -max(timeouts, default=default_timeout)
+
+    costs = {}
+    for item in items:
+        if item.module not in costs:
+            costs[item.module] = cost(item.module)
+    items.sort(key=lambda item: costs[item.module])
 
 
 @pytest.fixture(scope="session")

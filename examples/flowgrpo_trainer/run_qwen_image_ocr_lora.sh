@@ -6,7 +6,9 @@
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
 # The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
-# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md);
+# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md); one
+# 80 GB H100 does not (the engine's start ran out of GPU memory; with actor.engine.param_offload=true the
+# 128 GB host ran out, docs/perf/gpu.md "On one 80 GB H100");
 # more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
 # LoRA fp32. Extra arguments are Hydra overrides. See docs/trainer.md.
 set -euo pipefail

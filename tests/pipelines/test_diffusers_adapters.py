@@ -368,7 +368,7 @@ def test_flux_refuses_true_cfg():
     from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
     from verl_omni.pipelines.sampling import SamplingSpec
 
-    spec = SamplingSpec(4, 32, 32, true_cfg_scale=4.0)
+    spec = SamplingSpec(num_inference_steps=4, height=32, width=32, true_cfg_scale=4.0)
     with pytest.raises(ValueError, match="guidance-distilled: true_cfg_scale=4.0"):
         FluxTrainingAdapter.step_velocity(None, {}, 0, spec, 4)
     with pytest.raises(ValueError, match=r"true_cfg_scale=4.0: FluxTrainingAdapter .*guidance_scale \(default 3.5\)"):

@@ -44,7 +44,9 @@ def actor(process_group, tiny_qwen_image_path):
 def spec():
     from verl_omni.pipelines.sampling import SamplingSpec
 
-    return SamplingSpec(STEPS, H, W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG)
+    return SamplingSpec(
+        num_inference_steps=STEPS, height=H, width=W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG
+    )
 
 
 def sample_group(loop, engine, prompts, request_id):

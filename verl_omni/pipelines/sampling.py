@@ -56,7 +56,7 @@ BATCH_SHARED_FIELDS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingSpec:
     """How a rollout samples (and so how the actor must replay it).
 

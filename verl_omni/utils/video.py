@@ -1,38 +1,58 @@
-"""Videos on disk: uint8 ``[F, 3, H, W]`` frames written as H.264 mp4 (PyAV, vLLM-Omni's own dependency)."""
+"""Videos as files: uint8 ``[F, 3, H, W]`` frames as H.264 mp4 (PyAV, a dependency of vLLM-Omni declared in
+``pyproject.toml``; its wheels bundle FFmpeg with libx264), and mp4s read back as frames.
+
+One home for both users: validation writes a file per sample (:func:`write_mp4`), the HTTP video scorer
+sends the bytes (:func:`encode_mp4`). PyAV is imported on first use only.
+"""
 
 from __future__ import annotations
 
-import logging
+import io
 from pathlib import Path
 
 import numpy as np
 import torch
 
-logger = logging.getLogger(__name__)
+# x264 constant rate factor: 0 is lossless, 18 is visually lossless, 23 is x264's default
+DEFAULT_CRF = 18
+
+
+def encode_mp4(frames: torch.Tensor, fps: int, crf: int = DEFAULT_CRF) -> bytes:
+    """The bytes of an H.264 (yuv420p) mp4 of uint8 frames ``[F, 3, H, W]`` at ``fps`` frames per second.
+
+    yuv420p is what every player and video reader decodes; it halves the chroma resolution, so
+    ``H`` and ``W`` must be even (an odd size is an error: crop, as :func:`write_mp4` does, or send frames).
+    """
+    if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[1] != 3 or frames.shape[0] == 0:
+        raise ValueError(f"frames must be uint8 [F, 3, H, W] with F >= 1, got {frames.dtype} {tuple(frames.shape)}")
+    height, width = frames.shape[2:]
+    if height % 2 or width % 2:
+        raise ValueError(f"an H.264 mp4 needs an even frame size, got {height}x{width}")
+    if fps < 1:
+        raise ValueError(f"fps must be >= 1, got {fps}")
+    import av
+
+    buffer = io.BytesIO()
+    with av.open(buffer, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for frame in frames.permute(0, 2, 3, 1).contiguous().numpy():
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return buffer.getvalue()
 
 
 def write_mp4(video: torch.Tensor, path: str | Path, fps: int) -> Path:
-    """Write uint8 ``[F, 3, H, W]`` frames to ``path`` (parents created) at ``fps``; returns the path.
-
-    H.264 (``libx264``, yuv420p) where the PyAV build has it, else MPEG-4 Part 2; yuv420p needs even sides,
-    so an odd side is cropped by one pixel (the models' sizes are multiples of 16 or 32)."""
-    import av
-
-    if video.ndim != 4 or video.shape[1] != 3 or video.dtype != torch.uint8:
+    """Write uint8 ``[F, 3, H, W]`` frames to ``path`` (parents created) at ``fps``; returns the path. An odd side
+    is cropped by one pixel (yuv420p needs even sides; the models' sizes are multiples of 16 or 32)."""
+    if video.ndim != 4:
         raise ValueError(f"a video must be uint8 [F, 3, H, W], got {video.dtype} {tuple(video.shape)}")
-    if fps < 1:
-        raise ValueError(f"fps must be >= 1, got {fps}")
     height, width = video.shape[2] // 2 * 2, video.shape[3] // 2 * 2
-    frames = video[:, :, :height, :width].permute(0, 2, 3, 1).contiguous().numpy()
+    data = encode_mp4(video[:, :, :height, :width], fps)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for frame in frames:
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        container.mux(stream.encode())
+    path.write_bytes(data)
     return path
 
 

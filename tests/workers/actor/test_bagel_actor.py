@@ -21,7 +21,15 @@ pytestmark = pytest.mark.slow
 def spec():
     from verl_omni.pipelines.sampling import SamplingSpec
 
-    return SamplingSpec(STEPS, SIZE, SIZE, 0.7, "sde", 4.0, model_kwargs={"timestep_shift": 3.0})
+    return SamplingSpec(
+        num_inference_steps=STEPS,
+        height=SIZE,
+        width=SIZE,
+        noise_level=0.7,
+        sde_type="sde",
+        true_cfg_scale=4.0,
+        model_kwargs={"timestep_shift": 3.0},
+    )
 
 
 @pytest.fixture(scope="module")

@@ -22,17 +22,23 @@ def _batch(w=2, with_negative=False):
 
 def test_cfg_replay_without_negative_embeddings_names_them():
     with pytest.raises(KeyError, match="negative_prompt_embeds"):
-        check_replay_batch(_batch(), SamplingSpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter)
+        check_replay_batch(
+            _batch(),
+            SamplingSpec(num_inference_steps=4, height=32, width=32, true_cfg_scale=4.0),
+            QwenImageTrainingAdapter,
+        )
     check_replay_batch(
-        _batch(with_negative=True), SamplingSpec(4, 32, 32, true_cfg_scale=4.0), QwenImageTrainingAdapter
+        _batch(with_negative=True),
+        SamplingSpec(num_inference_steps=4, height=32, width=32, true_cfg_scale=4.0),
+        QwenImageTrainingAdapter,
     )
 
 
 def test_latents_must_hold_one_more_step_than_timesteps():
     batch = _batch()
     batch["all_timesteps"] = torch.zeros(3, 3)
-    with pytest.raises(ValueError, match=r"\[B, W\+1, S, C\]"):
-        check_replay_batch(batch, SamplingSpec(4, 32, 32), QwenImageTrainingAdapter)
+    with pytest.raises(ValueError, match=r"must be \[B, W\+1\] \+ a 2-D latent per step"):
+        check_replay_batch(batch, SamplingSpec(num_inference_steps=4, height=32, width=32), QwenImageTrainingAdapter)
 
 
 @pytest.mark.parametrize(

@@ -56,7 +56,7 @@ class HttpVideoScorer(HttpScorer):
     def media_payload(self, batch: ScoreBatch, indices: range) -> dict:
         p = self.params
         if p.video_format == "mp4":
-            from verl_omni.utils.video_io import encode_mp4
+            from verl_omni.utils.video import encode_mp4
 
             videos = [base64.b64encode(encode_mp4(batch.images[i], p.fps)).decode("ascii") for i in indices]
         else:

@@ -78,7 +78,15 @@ def test_same_seed_reproduces_the_sample(loop, bagel_engine, bagel_prompts, reco
 
 
 def _replay(model_path, outputs, lora=None, autocast=False) -> float:
-    return replay_diff(model_path, outputs, SamplingSpec(STEPS, H, W, NOISE, "sde", CFG), lora=lora, autocast=autocast)
+    return replay_diff(
+        model_path,
+        outputs,
+        SamplingSpec(
+            num_inference_steps=STEPS, height=H, width=W, noise_level=NOISE, sde_type="sde", true_cfg_scale=CFG
+        ),
+        lora=lora,
+        autocast=autocast,
+    )
 
 
 def test_replay_reproduces_rollout_log_probs(recorded, tiny_bagel_path):

@@ -71,7 +71,14 @@ def test_thinker_dit_rollout_replays_with_the_training_module(loop, thinker_dit_
             ids, SAMPLING, "gpu-replay", num_outputs_per_prompt=2, negative_prompt_token_ids=[]
         )
     )
-    spec = SamplingSpec(STEPS, H, W, SAMPLING["noise_level"], "sde", SAMPLING["true_cfg_scale"])
+    spec = SamplingSpec(
+        num_inference_steps=STEPS,
+        height=H,
+        width=W,
+        noise_level=SAMPLING["noise_level"],
+        sde_type="sde",
+        true_cfg_scale=SAMPLING["true_cfg_scale"],
+    )
     diff = replay_diff(tiny_bagel_bf16_path, outs, spec)
     print(f"BAGEL thinker + DiT rollout vs training-module replay: max |log-prob diff| {diff:.3e}")
     assert diff <= REPLAY_BOUND

@@ -40,6 +40,10 @@ def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, id
     assert outs[0].extra_fields["all_latents"].shape[0] == 3
 
 
+# pixel levels a zero LoRA may differ from no LoRA on CUDA: bf16 rounding of recompiled kernels (test below)
+ZERO_LORA_PIXEL_BOUND = 2
+
+
 def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_engine, ids):
     prompt, negative = ids
 
@@ -61,8 +65,12 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     # the same request twice without a LoRA: the engine itself reproduces the image bit for bit
     assert torch.equal(one("lora-base-again"), base)
     assert len(loop.run(bf16_engine.load_lora_tensors(*lora(2.0)))) > 0
-    assert not torch.equal(one("lora-on"), base)
+    lora_diff = (one("lora-on").int() - base.int()).abs().max().item()
     loop.run(bf16_engine.load_lora_tensors(*lora(0.0)))
     zero = one("lora-zero")
-    print(f"zero LoRA vs no LoRA: max |pixel diff| = {(zero.int() - base.int()).abs().max().item()}")
-    assert torch.equal(zero, base)
+    zero_diff = (zero.int() - base.int()).abs().max().item()
+    print(f"max |pixel diff| vs no LoRA: LoRA {lora_diff}, zero LoRA {zero_diff}")
+    # A LoRA recompiles the transformer (torch.compile) and inductor's autotuning may pick other bf16 GEMM kernels
+    # for the new graph: their rounding moved a pixel by 2 levels on an H100 (2026-11-24; 0 on another call). A
+    # zero LoRA restores the base within that rounding; a LoRA still bound would move it like the LoRA does.
+    assert lora_diff > 8 and zero_diff <= ZERO_LORA_PIXEL_BOUND

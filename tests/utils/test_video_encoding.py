@@ -1,4 +1,4 @@
-"""``encode_mp4``: the mp4 it writes is read back by a video reader (PyAV) with its frames and rate."""
+"""``utils.video.encode_mp4``: the mp4 it writes is read back by a video reader (PyAV) with its frames and rate."""
 
 import io
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from verl_omni.utils.video_io import encode_mp4
+from verl_omni.utils.video import encode_mp4
 
 
 def smooth_video(frames=7, h=32, w=48) -> torch.Tensor:
