@@ -26,6 +26,7 @@ from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RolloutRecorder, sha
 from verl_omni.pipelines.rollout_output import all_finite, request_output
 from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
+from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
 
 class DiffusersRolloutMixin:
@@ -35,6 +36,18 @@ class DiffusersRolloutMixin:
     # the trajectory recording lives in forward(); the engine's step-execution mode is not wired
     supports_step_execution = False
 
+    @torch.no_grad()
+    def forward(self, req) -> list[DiffusionOutput]:
+        """A rollout batch through the model's :meth:`rollout_forward`; the engine's start-up warm-up request
+        carries text, not token ids, and takes the stock path."""
+        if req.is_dummy_run():
+            return super().forward(req)
+        return self.rollout_forward(req)
+
+    def rollout_forward(self, req) -> list[DiffusionOutput]:
+        """One output per request of ``req``: images and trajectory (:meth:`rollout_outputs`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define rollout_forward()")
+
     def start_batch(self, req) -> tuple[list[RolloutRequest], SamplingSpec]:
         """Each request of ``req`` resolved per sample, and the spec they share (their shape, schedule, guidance)."""
         if not hasattr(self, "request_batch_sizes"):
@@ -43,6 +56,30 @@ class DiffusersRolloutMixin:
         self.request_batch_sizes.append(req.num_reqs)
         requests = [parse_rollout_request(p, sp) for p, sp in zip(req.prompts, req.sampling_params_list, strict=True)]
         return requests, shared_spec([r.spec for r in requests])
+
+    def conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
+        """The model's conditioning tensors of ``requests``, one row per sample, named as its adapter's
+        ``conditioning_keys`` (``cfg_conditioning_keys`` when ``negative``); models that use
+        :meth:`conditioned_batch` define it."""
+        raise NotImplementedError(f"{type(self).__name__} does not define conditioning()")
+
+    def conditioned_batch(self, req) -> tuple[list[RolloutRequest], SamplingSpec, dict[str, torch.Tensor]]:
+        """:meth:`start_batch` and the batch's per-sample :meth:`conditioning`, the negative one too when the
+        batch uses CFG."""
+        requests, spec = self.start_batch(req)
+        cond = self.conditioning(requests, negative=False)
+        if spec.uses_cfg:
+            cond |= self.conditioning(requests, negative=True)
+        return requests, spec, cond
+
+    def start_schedule(
+        self, recorder: RolloutRecorder, spec: SamplingSpec, image_seq_len: int, device: torch.device
+    ) -> None:
+        """The stock pipeline's timesteps for this batch (``image_seq_len`` sets a dynamic shift), its loop state
+        reset as the stock forward resets it, and the recorder's σ table: where each model's denoising starts."""
+        timesteps, _ = self.prepare_timesteps(spec.num_inference_steps, None, image_seq_len)
+        self._num_timesteps, self._current_timestep, self._interrupt = len(timesteps), None, False
+        recorder.set_schedule(schedule_sigmas(self.scheduler, device), timesteps)
 
     @staticmethod
     def prompt_texts(tokenizer, requests: list[RolloutRequest], negative: bool = False) -> list[str]:

@@ -21,7 +21,6 @@ from vllm_omni.diffusion.models.flux.pipeline_flux import FluxPipeline
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
 from verl_omni.pipelines.recorder import RolloutRecorder
-from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
 # T5 tokens per prompt, the stock pipeline's default
 MAX_SEQUENCE_LENGTH = 512
@@ -30,11 +29,7 @@ MAX_SEQUENCE_LENGTH = 512
 class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
     """FLUX.1 rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
-    @torch.no_grad()
-    def forward(self, req):
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
+    def rollout_forward(self, req):
         requests, spec = self.start_batch(req)
         if spec.uses_cfg:
             raise ValueError(f"FLUX.1 is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} must be <= 1")
@@ -53,13 +48,11 @@ class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
             self.device,
             recorder.generators,
         )
-        timesteps, _ = self.prepare_timesteps(spec.num_inference_steps, None, latents.shape[1])
-        self._num_timesteps, self._guidance_scale = len(timesteps), spec.guidance_scale
-        self._joint_attention_kwargs, self._current_timestep, self._interrupt = {}, None, False
+        self.start_schedule(recorder, spec, latents.shape[1], latents.device)
+        self._guidance_scale, self._joint_attention_kwargs = spec.guidance_scale, {}
         guidance = None
         if self.transformer.guidance_embeds:
             guidance = torch.full([latents.shape[0]], float(spec.guidance_scale), dtype=torch.float32)
-        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
         with recorder.recording(self):
             latents = self.diffuse(
                 cond["prompt_embeds"],

@@ -39,7 +39,6 @@ from verl_omni.pipelines.qwen_image_edit.rollout_request import (
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
 
 class EditRolloutMixin(DiffusersRolloutMixin):
@@ -54,11 +53,7 @@ class EditRolloutMixin(DiffusersRolloutMixin):
         """The request's ids with one image block per source image (one image: the ids as built)."""
         return ids
 
-    @torch.no_grad()
-    def forward(self, req) -> list[DiffusionOutput]:
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
+    def rollout_forward(self, req) -> list[DiffusionOutput]:
         requests, spec = self.start_batch(req)
         area = float(spec.model_kwargs.get("condition_area", DEFAULT_CONDITION_AREA))
         vl_area = spec.model_kwargs.get("vl_condition_area", self.default_vl_condition_area)
@@ -162,10 +157,8 @@ class EditRolloutMixin(DiffusersRolloutMixin):
             self.device,
             recorder.generators,
         )
-        timesteps, _ = self.prepare_timesteps(spec.num_inference_steps, None, latents.shape[1])
-        self._num_timesteps, self._attention_kwargs = len(timesteps), {}
-        self._current_timestep, self._interrupt = None, False
-        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
+        self.start_schedule(recorder, spec, latents.shape[1], latents.device)
+        self._attention_kwargs = {}
         side = 2 * self.vae_scale_factor
         shapes = [(1, spec.height // side, spec.width // side)]
         shapes += [(1, int(r), int(c)) for r, c in cond["image_latents_grid"][0].tolist()]

@@ -20,7 +20,7 @@ from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
 from verl_omni.pipelines.recorder import RolloutRecorder
-from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
+from verl_omni.pipelines.rollout_request import RolloutRequest
 
 # T5 tokens per prompt, the stock pipeline's default
 MAX_SEQUENCE_LENGTH = 256
@@ -29,20 +29,16 @@ MAX_SEQUENCE_LENGTH = 256
 class SD3LogProbPipeline(DiffusersRolloutMixin, StableDiffusion3Pipeline):
     """SD3 rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
-    def _encode(self, texts: list[str], prefix: str) -> dict[str, torch.Tensor]:
+    def conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
+        """The three text encoders' embeddings of each request's prompt text (the CLIP-L ids decoded), per sample."""
+        texts = self.prompt_texts(self.tokenizer, requests, negative=negative)
         embeds, pooled = self.encode_prompt(texts, None, None, max_sequence_length=MAX_SEQUENCE_LENGTH)
-        return {f"{prefix}prompt_embeds": embeds, f"{prefix}pooled_prompt_embeds": pooled}
+        prefix = "negative_" if negative else ""
+        cond = {f"{prefix}prompt_embeds": embeds, f"{prefix}pooled_prompt_embeds": pooled}
+        return {k: self.per_sample(v, requests) for k, v in cond.items()}
 
-    @torch.no_grad()
-    def forward(self, req):
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
-        requests, spec = self.start_batch(req)
-        cond = self._encode(self.prompt_texts(self.tokenizer, requests), "")
-        if spec.uses_cfg:
-            cond |= self._encode(self.prompt_texts(self.tokenizer, requests, negative=True), "negative_")
-        cond = {k: self.per_sample(v, requests) for k, v in cond.items()}
+    def rollout_forward(self, req):
+        requests, spec, cond = self.conditioned_batch(req)
 
         recorder = RolloutRecorder(requests, self.device)
         latents = self.prepare_latents(
@@ -51,10 +47,8 @@ class SD3LogProbPipeline(DiffusersRolloutMixin, StableDiffusion3Pipeline):
         # the packed token count S, as diffusers' SD3 pipeline computes the shift (the stock forward passes
         # the channel count; it matters only for a dynamic-shift scheduler config)
         image_seq_len = (latents.shape[2] // self.patch_size) * (latents.shape[3] // self.patch_size)
-        timesteps, _ = self.prepare_timesteps(spec.num_inference_steps, None, image_seq_len)
-        self._num_timesteps, self._guidance_scale = len(timesteps), spec.true_cfg_scale
-        self._current_timestep, self._interrupt = None, False
-        recorder.set_schedule(schedule_sigmas(self.scheduler, latents.device), timesteps)
+        self.start_schedule(recorder, spec, image_seq_len, latents.device)
+        self._guidance_scale = spec.true_cfg_scale
         with recorder.recording(self):
             latents = self.diffuse(
                 latents=latents,

@@ -73,7 +73,7 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
         index = json.loads((Path(self.od_config.model) / "model_index.json").read_text())
         return None if index.get("boundary_ratio") is None else float(index["boundary_ratio"])
 
-    def _conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
+    def conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
         """``[N, L, D]`` embeddings of each request's ids (zero past its tokens) and their ``[N, L]`` mask, per sample."""
         empty = Wan22TrainingAdapter.prompt_token_ids(self.tokenizer, "")
         rows = [(r.negative_prompt_token_ids or empty) if negative else r.prompt_token_ids for r in requests]
@@ -90,15 +90,8 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
         key = "negative_prompt_embeds" if negative else "prompt_embeds"
         return {key: self.per_sample(embeds, requests), f"{key}_mask": self.per_sample(mask, requests)}
 
-    @torch.no_grad()
-    def forward(self, req):
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
-        requests, spec = self.start_batch(req)
-        cond = self._conditioning(requests, negative=False)
-        if spec.uses_cfg:
-            cond |= self._conditioning(requests, negative=True)
+    def rollout_forward(self, req):
+        requests, spec, cond = self.conditioned_batch(req)
         dtype = self.transformer.dtype
         text = padded_text(cond["prompt_embeds"], cond["prompt_embeds_mask"], dtype)
         negative = None

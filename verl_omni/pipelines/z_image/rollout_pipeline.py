@@ -63,20 +63,13 @@ class ZImageLogProbPipeline(DiffusersRolloutMixin, ZImagePipeline):
         hidden = self.text_encoder(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[-2]
         return [hidden[i][mask[i]] for i in range(len(rows))]
 
-    def _conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
+    def conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
         embeds, mask = _pad_rows(self._captions(requests, negative))
         key = "negative_prompt_embeds" if negative else "prompt_embeds"
         return {key: self.per_sample(embeds, requests), f"{key}_mask": self.per_sample(mask, requests)}
 
-    @torch.no_grad()
-    def forward(self, req):
-        if req.is_dummy_run():
-            # the engine's start-up warm-up request carries text, not token ids: stock path
-            return super().forward(req)
-        requests, spec = self.start_batch(req)
-        cond = self._conditioning(requests, negative=False)
-        if spec.uses_cfg:
-            cond |= self._conditioning(requests, negative=True)
+    def rollout_forward(self, req):
+        requests, spec, cond = self.conditioned_batch(req)
         captions = [
             e[m.bool()].to(self.od_config.dtype)
             for e, m in zip(cond["prompt_embeds"], cond["prompt_embeds_mask"], strict=True)
