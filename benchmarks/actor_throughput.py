@@ -148,17 +148,24 @@ def matmul_ceiling_tflops(device: torch.device, dtype: torch.dtype, n: int) -> f
 
 
 def measure(
-    model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype, adapter=ADAPTER, batch_fn=None
+    model,
+    scheduler,
+    spec,
+    args,
+    micro_batch: int,
+    vae_scale_factor,
+    device,
+    dtype,
+    adapter=ADAPTER,
+    batch_fn=None,
+    count: bool = True,
 ) -> dict:
     """Samples/s and TFLOP/s of ``fwd_bwd`` at ``micro_batch``; ``batch_fn`` (``make_batch``'s signature) and
-    ``adapter`` let another model's benchmark reuse the loop."""
-    from torch.utils.flop_counter import FlopCounterMode
+    ``adapter`` let another model's benchmark reuse the loop; ``count=False`` skips the FLOP count's extra step
+    (no TFLOP/s)."""
 
     batch = (batch_fn or make_batch)(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
     for _ in range(args.warmup):
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
-    counter = FlopCounterMode(display=False)
-    with counter:
         fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     model.zero_grad(set_to_none=True)
     _sync(device)
@@ -169,14 +176,36 @@ def measure(
         fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     _sync(device)
     seconds = (time.perf_counter() - start) / args.iters
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
+    flops = count_flops(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter) if count else None
     return {
         "micro_batch": micro_batch,
         "samples_per_s": micro_batch / seconds,
         "step_s": seconds,
-        "tflops": counter.get_total_flops() / seconds / 1e12,
-        "peak_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "tflops": None if flops is None else flops / seconds / 1e12,
+        "peak_memory_gb": peak,
     }
+
+
+def count_flops(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter) -> int | None:
+    """FLOPs of one ``fwd_bwd``, counted after the timed steps: under ``FlopCounterMode`` (a dispatch mode) SDPA may
+    take its math path, which holds the L × L attention matrix, so the count can run out of memory where the step
+    does not (a long video); then ``None``."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
+    except torch.OutOfMemoryError:
+        logger.warning("FLOP count of micro-batch %d ran out of memory: no TFLOP/s", batch["all_latents"].shape[0])
+        return None
+    finally:
+        model.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return counter.get_total_flops()
 
 
 # kernel-name substrings -> category, first match wins (CUDA kernel names of cuBLAS/cuDNN/flash/Triton)
@@ -249,15 +278,16 @@ def main(argv=None) -> list[dict]:
     results = []
     for micro_batch in args.micro_batches:
         row = measure(model, scheduler, spec, args, micro_batch, vae_scale_factor, device, dtype)
-        row["fraction_of_matmul_ceiling"] = row["tflops"] / ceiling
+        # no TFLOP/s when the FLOP count ran out of memory (count_flops)
+        row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
         results.append(row)
         logger.info(
-            "micro-batch %d: %.4g samples/s, %.4g s/step, %.4g TFLOP/s (%.2g%% of matmul ceiling)",
+            "micro-batch %d: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s",
             micro_batch,
             row["samples_per_s"],
             row["step_s"],
             row["tflops"],
-            100 * row["fraction_of_matmul_ceiling"],
+            row["fraction_of_matmul_ceiling"],
         )
     meta = {"device": str(device), "dtype": str(dtype), "size": size, "matmul_ceiling_tflops": ceiling}
     if args.profile:

@@ -1,4 +1,4 @@
-"""Full-size Qwen-Image and SD3.5 Medium with random weights and no weight file, for throughput benchmarks.
+"""Full-size Qwen-Image (-Edit), SD3.5 Medium and Wan2.2 (TI2V-5B, T2V-A14B), random weights, no weight file.
 
 FLOPs do not depend on the weights, and writing the 20 B transformer (~40 GB in bf16) to disk
 would cost minutes on every GPU machine. So the benchmark directory holds the transformer's
@@ -20,15 +20,23 @@ from pathlib import Path
 
 import torch
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
+from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import QwenImageEditPipeline
 from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
+from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline
 
 from verl_omni.pipelines.qwen_image.rollout_pipeline import QwenImageLogProbPipeline
+from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import QwenImageEditLogProbPipeline
 from verl_omni.pipelines.sd3.rollout_pipeline import SD3LogProbPipeline
+from verl_omni.pipelines.wan2_2.rollout_pipeline import Wan22LogProbPipeline
 
 LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImagePipeline"
 STOCK_PIPELINE = "random_weights.RandomStockQwenImagePipeline"
 SD3_LOG_PROB_PIPELINE = "random_weights.RandomLogProbSD3Pipeline"
 SD3_STOCK_PIPELINE = "random_weights.RandomStockSD3Pipeline"
+WAN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbWan22Pipeline"
+WAN_STOCK_PIPELINE = "random_weights.RandomStockWan22Pipeline"
+EDIT_LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImageEditPipeline"
+EDIT_STOCK_PIPELINE = "random_weights.RandomStockQwenImageEditPipeline"
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json: the MMDiT-X of 24 blocks, 24 heads of 64,
 # dual attention in blocks 0-12, RMS q/k norm (joint_attention_dim 4096 and pooled 2048 are the released text
 # widths; the random benchmark directory swaps in the tiny text encoders' widths)
@@ -59,6 +67,61 @@ SD3_VAE = {
     "shift_factor": 0.0609,
     "use_quant_conv": False,
     "use_post_quant_conv": False,
+}
+
+# Wan2.2 TI2V-5B's transformer (Wan-AI/Wan2.2-TI2V-5B-Diffusers transformer/config.json; the same numbers as the
+# authors' wan/configs/wan_ti2v_5B.py in github.com/Wan-AI/Wan2.2: dim 3072 = 24 heads of 128, ffn 14336, 30 layers,
+# 48 latent channels in and out, UMT5-XXL's text width 4096, freq_dim 256, q/k RMS norm, cross-attention norm)
+WAN22_TI2V_5B_TRANSFORMER = {
+    "patch_size": (1, 2, 2),
+    "num_attention_heads": 24,
+    "attention_head_dim": 128,
+    "in_channels": 48,
+    "out_channels": 48,
+    "text_dim": 4096,
+    "freq_dim": 256,
+    "ffn_dim": 14336,
+    "num_layers": 30,
+    "cross_attn_norm": True,
+    "qk_norm": "rms_norm_across_heads",
+    "eps": 1e-6,
+    "rope_max_seq_len": 1024,
+}
+# Wan2.2 T2V-A14B's experts, each the same 14 B transformer (the authors' wan/configs/wan_t2v_A14B.py: dim 5120 = 40
+# heads of 128, ffn 13824, 40 layers, 16 latent channels in and out (Wan2.1's VAE), freq_dim 256, q/k RMS norm,
+# cross-attention norm, eps 1e-6; diffusers' scripts/convert_wan_to_diffusers.py "Wan-T2V-14B" config and
+# ``WanTransformer3DModel``'s defaults are the same numbers)
+WAN22_T2V_A14B_TRANSFORMER = {
+    **WAN22_TI2V_5B_TRANSFORMER,
+    "num_attention_heads": 40,
+    "in_channels": 16,
+    "out_channels": 16,
+    "ffn_dim": 13824,
+    "num_layers": 40,
+}
+# the full-size transformer config of each Wan builder and the components it fills
+WAN_FULL_SIZE = {
+    "wan2_2": (WAN22_TI2V_5B_TRANSFORMER, ("transformer",)),
+    "wan2_2_a14b": (WAN22_T2V_A14B_TRANSFORMER, ("transformer", "transformer_2")),
+}
+# its vae/config.json (the Wan2.2 VAE, diffusers' scripts/convert_wan_to_diffusers.py ``vae22_diffusers_config``):
+# 2×2 pixel patchify (12 channels), 16 px per latent cell, 4 frames per latent frame, 48 latent channels; the
+# per-channel latent statistics are left at 0 / 1 (random weights: they change no cost)
+WAN22_VAE = {
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "z_dim": 48,
+    "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2,
+    "temperal_downsample": [False, True, True],
+    "is_residual": True,
+    "in_channels": 12,
+    "out_channels": 12,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+    "latents_mean": [0.0] * 48,
+    "latents_std": [1.0] * 48,
 }
 
 
@@ -102,13 +165,30 @@ class RandomStockSD3Pipeline(RandomWeightsMixin, StableDiffusion3Pipeline):
     """vLLM-Omni's own SD3 pipeline on the same random weights."""
 
 
-def write_full_size_model_dir(out: Path) -> Path:
-    """A diffusers directory: tiny text side, full-size random VAE, full-size transformer config only."""
+class RandomLogProbWan22Pipeline(RandomWeightsMixin, Wan22LogProbPipeline):
+    """The Wan2.2 rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockWan22Pipeline(RandomWeightsMixin, Wan22Pipeline):
+    """vLLM-Omni's own Wan2.2 pipeline on the same random weights."""
+
+
+class RandomLogProbQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditLogProbPipeline):
+    """The Qwen-Image-Edit rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditPipeline):
+    """vLLM-Omni's own Qwen-Image-Edit pipeline on the same random weights."""
+
+
+def write_full_size_model_dir(out: Path, builder: str = "qwen_image") -> Path:
+    """A diffusers Qwen-Image directory (``builder="qwen_image_edit"``: Qwen-Image-Edit, whose transformer is
+    Qwen-Image's): tiny text side (and vision tower), full-size random VAE, full-size transformer config only."""
     from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
 
     from verl_omni.utils.tiny_models import build_tiny_model
 
-    build_tiny_model("qwen_image", out, seed=0, dtype="bfloat16")
+    build_tiny_model(builder, out, seed=0, dtype="bfloat16")
     text_config = json.loads((out / "text_encoder" / "config.json").read_text())
     text_hidden = int(text_config.get("text_config", text_config).get("hidden_size", text_config.get("hidden_size")))
     transformer_dir = out / "transformer"
@@ -163,4 +243,30 @@ def write_full_size_sd3_dir(out: Path) -> Path:
     for stale in vae_dir.iterdir():
         stale.unlink()
     AutoencoderKL(**SD3_VAE).to(torch.bfloat16).save_pretrained(vae_dir)
+    return out
+
+
+def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
+    """A diffusers Wan2.2 directory: tiny UMT5 text side, the full-size transformer's config only (``builder``
+    ``"wan2_2"``: TI2V-5B with the full-size random Wan2.2 VAE; ``"wan2_2_a14b"``: both A14B experts, the tiny
+    Wan2.1 VAE kept, as the A14B is benchmarked in the replay only, which reads no VAE). The transformer's
+    ``text_dim`` is the tiny encoder's; the prompt keeps its 512 padded tokens, so the cross-attention costs what it
+    costs with UMT5-XXL (only the text projection shrinks)."""
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    config, components = WAN_FULL_SIZE[builder]
+    build_tiny_model(builder, out, seed=0, dtype="bfloat16")
+    text_config = json.loads((out / "text_encoder" / "config.json").read_text())
+    for sub in components:
+        for stale in (out / sub).iterdir():
+            stale.unlink()
+        with torch.device("meta"):
+            transformer = WanTransformer3DModel(**{**config, "text_dim": int(text_config["d_model"])})
+        transformer.save_config(out / sub)
+    if builder == "wan2_2":
+        for stale in (out / "vae").iterdir():
+            stale.unlink()
+        AutoencoderKLWan(**WAN22_VAE).to(torch.bfloat16).save_pretrained(out / "vae")
     return out

@@ -1,6 +1,6 @@
 """The rollout output's way from the pipeline to the trainer, hop by hop, without the engine (seconds).
 
-One request of N samples shaped as the SD3.5 Medium benchmark's (``sd3_throughput.py --full-size``: 512²,
+One request of N samples shaped as the SD3.5 Medium benchmark's (``model_throughput.py --full-size``: 512²,
 16-channel latents, 10 steps, W = 2, CFG with the negative prompt, 333 text tokens of width 4096), with real
 tensors and a real :class:`RolloutRecorder`, through the code each hop runs in the engine:
 

@@ -55,9 +55,23 @@ RECIPES = {
             "n": 8,
         },
     ),
+    # the 5B's recipe with the authors' A14B high-noise CFG (one scale for both experts)
+    "wan2_2_a14b": (
+        "run_wan2_2_a14b_ocr_lora.sh",
+        {
+            "height": 480,
+            "width": 832,
+            "num_frames": 33,
+            "num_inference_steps": 20,
+            "true_cfg_scale": 4.0,
+            "noise_level": 0.7,
+            "sde_window_size": 2,
+            "n": 8,
+        },
+    ),
     # the Qwen-Image recipe with the edit model's whitespace negative prompt
     "qwen_image_edit": (
-        "run_qwen_image_edit_pickscore_lora.sh",
+        "run_qwen_image_edit_vlm_judge_lora.sh",
         {
             "num_inference_steps": 10,
             "true_cfg_scale": 4.0,
@@ -68,9 +82,22 @@ RECIPES = {
         }
         | SQUARE_512,
     ),
+    # the FLUX.1-dev recipe with Kontext's embedded guidance and its source images' condition area
+    "flux_kontext": (
+        "run_flux_kontext_vlm_judge_lora.sh",
+        {
+            "num_inference_steps": 6,
+            "guidance_scale": 2.5,
+            "noise_level": 0.9,
+            "sde_window_size": 5,
+            "n": 24,
+            "model_kwargs": {"condition_area": 1048576},
+        }
+        | SQUARE_512,
+    ),
 }
 # the tiny builder of a launcher named after a model size (run_<name>_ocr_lora.sh with <name> no builder)
-LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2"}
+LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2", "wan2_2_a14b": "wan2_2_a14b"}
 # passed after the launcher's own arguments: a CPU machine without the OCR service
 PASS_THROUGH = ("trainer.device=cpu", "reward.diffusion.preflight=false")
 
@@ -97,8 +124,11 @@ def edit_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def data_dirs(ocr_dir, edit_dir):
-    """``launcher -> DATA_DIR``: an editing model's launcher reads the editing set, the others the OCR set."""
-    return lambda launcher: edit_dir if "_edit_" in launcher else ocr_dir
+    """``model path -> DATA_DIR``: an editing model's launcher (its adapter takes source images) reads the editing
+    set, the others the OCR set."""
+    from verl_omni.pipelines.model_base import get_training_adapter
+
+    return lambda model_path: edit_dir if get_training_adapter(model_path).max_source_images else ocr_dir
 
 
 def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -126,7 +156,7 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model, data_dirs
     launcher, expected = RECIPES[model]
     model_path = tiny_model(model)
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
-    proc = launch(launcher, model_path, data_dirs(launcher), *PASS_THROUGH, run_dir, "--cfg", "job")
+    proc = launch(launcher, model_path, data_dirs(model_path), *PASS_THROUGH, run_dir, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()
     config = OmegaConf.create(proc.stdout)
@@ -144,6 +174,60 @@ def test_launcher_composes_and_passes_the_preflight(model, tiny_model, data_dirs
     assert configs.model.adapter.__name__.lower().startswith(model.replace("_", ""))
     spec = configs.rollout.sampling_spec(False, configs.model.adapter, "launcher")
     assert spec.uses_cfg == ("true_cfg_scale" in expected)
+
+
+@pytest.mark.parametrize("model", ["qwen_image_edit", "flux_kontext"])
+def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
+    model, tiny_model, edit_dir, tmp_path, monkeypatch
+):
+    """The editing launchers' reward is the ``vlm_judge`` scorer at ``JUDGE_URL`` / ``JUDGE_MODEL``. With the reward
+    preflight on, as a user runs them, the preflight reaches that URL: a real local HTTP server the test starts
+    answers it, and once the server is gone the run is refused before Ray, naming the key and how to skip the check.
+    """
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from omegaconf import OmegaConf
+
+    from verl_omni.trainer.config.preflight import check_config, check_resources
+    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.utils.config import register_resolvers
+
+    class NotFound(BaseHTTPRequestHandler):
+        """What vLLM's server answers a GET of its API base: 404 (any HTTP answer proves a server listens)."""
+
+        def do_GET(self):
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    monkeypatch.setenv("JUDGE_URL", url)
+    monkeypatch.delenv("JUDGE_MODEL", raising=False)
+    launcher, _ = RECIPES[model]
+    run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
+    proc = launch(launcher, tiny_model(model), edit_dir, "trainer.device=cpu", run_dir, "--cfg", "job")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    register_resolvers()
+    config = OmegaConf.create(proc.stdout)
+    check_config(config)
+    try:
+        check_resources(config)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (scorer,) = validate_config(config).reward.scorers
+    assert scorer.type == "vlm_judge"
+    assert (scorer.params["url"], scorer.params["model"]) == (url, "Qwen/Qwen2.5-VL-7B-Instruct")
+    assert scorer.params["parser"] == "regex" and "{prompt}" in scorer.params["prompt_template"]
+    with pytest.raises(
+        ValueError, match=rf"reward\.diffusion\.scorers\[0\]\.params\.url={url} does not answer"
+    ) as error:
+        check_resources(config)
+    assert "reward.diffusion.preflight=false" in str(error.value)
 
 
 def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_model, ocr_dir, tmp_path):
@@ -182,7 +266,7 @@ def test_launcher_without_model_path_says_what_to_set():
 
 DOC = REPO / "docs" / "algorithms.md"
 # one row per (launcher, algorithm): `| `run_<model>_<reward>_lora.sh` | `<algorithm>` | <command or refusal> |`
-DOC_ROW = re.compile(r"^\| `(run_(\w+?)_(?:ocr|pickscore)_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
+DOC_ROW = re.compile(r"^\| `(run_(\w+?)_(?:ocr|vlm_judge)_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
 # the model launchers (``run_<model>_<reward>_lora.sh``, ``<model>`` a tiny-model builder) and the Hydra group
 # ``algorithm=<name>``: found on disk, so that a new launcher or algorithm needs its row in the doc
 MODEL_LAUNCHERS = sorted(p.name for p in LAUNCHERS.glob("run_*_lora.sh"))
@@ -224,7 +308,7 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
     proc = launch(
         launcher,
         model_path,
-        data_dirs(launcher),
+        data_dirs(model_path),
         *PASS_THROUGH,
         f"trainer.default_local_dir={tmp_path}",
         *args,

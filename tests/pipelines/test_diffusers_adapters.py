@@ -1,4 +1,4 @@
-"""SD3.5, FLUX.1, Z-Image and Qwen-Image-Edit training adapters against their own diffusers pipelines (CPU, fp32).
+"""SD3.5, FLUX.1, Z-Image, Qwen-Image-Edit and FLUX.1-Kontext training adapters against their own diffusers pipelines (CPU, fp32).
 
 The reference sampler is each model's diffusers pipeline itself, run with a scheduler whose
 ``step`` is the shared SDE step over per-sample windows and records what a rollout records: the
@@ -9,7 +9,9 @@ checkpoints save it must load with the pipeline's ``load_lora_weights`` and chan
 
 Qwen-Image-Edit's pipeline conditions on its source image at 1024² pixels, 16k latent tokens of the tiny
 4x VAE (minutes per sample on this CPU): its module-level ``calculate_dimensions`` is called with
-:data:`EDIT_CONDITION_AREA` instead, the area the adapter's ``condition_area`` setting gives the rollout.
+:data:`EDIT_CONDITION_AREA` instead, the area the adapter's ``condition_area`` setting gives the rollout. FLUX.1-Kontext's pipeline is called with
+its auto-resize off and ``max_area`` the output's (it would sample and condition at about 1024² otherwise): it
+conditions on the source image at its own size, as the rollout does by default.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ EDIT_CONDITION_AREA = 48 * 48
 
 
 def _source_images() -> list:
-    """One source image per prompt (Qwen-Image-Edit)."""
+    """One source image per prompt (the editing models)."""
     import numpy as np
     from PIL import Image
 
@@ -73,6 +75,14 @@ MODELS = {
         {"condition_area": EDIT_CONDITION_AREA},
         packed=True,
     ),
+    "flux_kontext": Model(
+        "flux_kontext",
+        "verl_omni.pipelines.flux_kontext.training_adapter:FluxKontextTrainingAdapter",
+        1.0,
+        {"guidance_scale": 2.5, "image": _source_images(), "_auto_resize": False, "max_area": HEIGHT * WIDTH},
+        guidance_scale=2.5,
+        packed=True,
+    ),
 }
 
 
@@ -92,9 +102,10 @@ def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, t
             if cfg:
                 out |= {"negative_prompt_embeds": npe, "negative_pooled_prompt_embeds": npooled}
             return out
-        if name == "flux":
+        if name in ("flux", "flux_kontext"):
             pe, pooled, _ = pipe.encode_prompt(list(prompts), None, device="cpu")
-            return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+            out = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+            return out | (_kontext_source(pipe) if name == "flux_kontext" else {})
         if name == "z_image":
             pos, neg = pipe.encode_prompt(list(prompts), "cpu", cfg, [""] * len(prompts))
             out = _padded(pos, "prompt_embeds")
@@ -127,6 +138,17 @@ def _edit_conditioning(pipe, prompts: list[str], cfg: bool) -> dict[str, torch.T
     out["image_latents"] = pipe._pack_latents(latents, len(prompts), latents.shape[1], 2 * rows, 2 * cols)
     out["image_latents_grid"] = torch.tensor([[[rows, cols]]] * len(prompts))
     return out
+
+
+def _kontext_source(pipe) -> dict[str, torch.Tensor]:
+    """FLUX.1-Kontext: the source images' packed latents at their own size (multiples of the tiny model's 8 px)
+    and their grid."""
+    sources = MODELS["flux_kontext"].call_kwargs["image"]
+    width, height = sources[0].size
+    latents = pipe._encode_vae_image(pipe.image_processor.preprocess(sources, height, width), None)
+    rows, cols = latents.shape[2] // 2, latents.shape[3] // 2
+    packed = pipe._pack_latents(latents, len(sources), latents.shape[1], 2 * rows, 2 * cols)
+    return {"image_latents": packed, "image_latents_grid": torch.tensor([[[rows, cols]]] * len(sources))}
 
 
 def _padded(rows: list[torch.Tensor], key: str) -> dict[str, torch.Tensor]:

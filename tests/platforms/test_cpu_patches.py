@@ -17,6 +17,10 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert set(applied) == set(cpu_patches.PATCHES)
     dummy_run = DiffusionEngine._dummy_run
     assert dummy_run.__name__ == "_sized_dummy_run"
+    from vllm_omni.diffusion import diffusion_engine
+
+    # the module global step_streaming reads at each wait
+    assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT == cpu_patches.OUTPUT_READY_TIMEOUT_S > 30.0
     cpu_patches.apply_all()
     assert DiffusionEngine._dummy_run is dummy_run
 

@@ -82,12 +82,13 @@ def copy_of(run, tmp_path_factory, name: str):
 
 def killed_mid_save(run) -> None:
     """Make ``run`` what a kill during the last step's save leaves: the save's ``.partial`` directory with only
-    some of its files (rank 1's state and ``data.pt`` not written, no completeness marker), the tracker one
-    step back. A real kill cannot be aimed at that moment without a fake; the directory it leaves is this."""
+    some of its files (the last rank's state and ``data.pt`` not written, no completeness marker), the tracker
+    one step back. A real kill cannot be aimed at that moment without a fake; the directory it leaves is this."""
     partial = run_dir.partial_dir(run, STEPS)
     run_dir.step_dir(run, STEPS).rename(partial)
-    for name in (run_dir.COMPLETE_FILE, "data.pt", "actor/engine_state_rank1_of2.pt"):
-        (partial / name).unlink()
+    last_rank_state = sorted(partial.glob("actor/engine_state_rank*_of*.pt"))[-1]
+    for path in (partial / run_dir.COMPLETE_FILE, partial / "data.pt", last_rank_state):
+        path.unlink()
     (run / run_dir.TRACKER_FILE).write_text(str(STEPS - 1))
 
 

@@ -1,14 +1,16 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video, Qwen-Image-Edit): the same
+``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
+Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
-video model also samples 5 frames, the editing model reads an editing set and conditions its source images
-at 32², ``MODEL_ARGS``), a subprocess of
+video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
+source images at 32², ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout), 2 steps, the
 actor recomputes log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``; the
 saved LoRA loads in the model's diffusers pipeline and changes its image (a video model's: its video, and its
-validation writes mp4s a player decodes).
+validation writes mp4s a player decodes). The A14B's window (every step, the default) has steps of both experts,
+so its log π_old bound holds on both sides of the boundary, and its two LoRA files load into both experts.
 
 The multi-replica run, its resume and the output-directory checks are ``test_flowgrpo_e2e.py``: a file
 of its own so that the suite's parallel workers (``pytest -n``, one file per worker) run the two
@@ -30,17 +32,19 @@ from verl_omni.trainer.flowgrpo import run_dir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2", "qwen_image_edit")
+MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
     "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
+    "wan2_2_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
 # the models whose prompts carry source images (an editing set)
-EDITING = ("qwen_image_edit",)
-# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check)
-PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}}
+EDITING = ("qwen_image_edit", "flux_kontext")
+# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check);
+# FluxKontextPipeline would sample and condition at about 1024² (max_area, auto-resize) instead of 32²
+PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}, "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False}}
 # the last step of every run
 STEPS = 2
 
@@ -83,8 +87,13 @@ def check_summary(run, model, steps: int) -> None:
     exec(code, namespace)
     pipe = namespace["pipe"]
     assert pipe.get_active_adapters(), "no LoRA adapter loaded"
-    lora_b = [p for name, p in pipe.transformer.named_parameters() if "lora_B" in name]
-    assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, "the loaded LoRA is not the trained one"
+    # every transformer of the pipeline (the A14B's two experts) holds the trained LoRA
+    for name in ("transformer", "transformer_2"):
+        transformer = getattr(pipe, name, None)
+        if transformer is None:
+            continue
+        lora_b = [p for n, p in transformer.named_parameters() if "lora_B" in n]
+        assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, f"{name}: the LoRA is not the trained one"
     # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")

@@ -356,7 +356,17 @@ print(json.dumps([after_preflight, [m for m in ("vllm", "vllm_omni") if m in sys
 # ---- algorithm x model pairings ----------------------------------------------------------------
 
 # the tiny models (``tiny_model`` builders) and the algorithms (the Hydra group ``algorithm=<name>``), found, not listed
-PAIRING_MODELS = ("qwen_image", "sd3", "flux", "z_image", "bagel", "wan2_2", "qwen_image_edit", "qwen_image_edit_plus")
+PAIRING_MODELS = (
+    "qwen_image",
+    "sd3",
+    "flux",
+    "z_image",
+    "bagel",
+    "wan2_2",
+    "wan2_2_a14b",
+    "qwen_image_edit",
+    "qwen_image_edit_plus",
+)
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's record)
 # what a model needs besides the defaults whatever the algorithm: Z-Image cannot take an SDE step on its last step
@@ -382,6 +392,7 @@ def _adapter_name(model: str) -> str:
         "z_image": "ZImage",
         "bagel": "Bagel",
         "wan2_2": "Wan22",
+        "wan2_2_a14b": "Wan22A14B",
         "qwen_image_edit": "QwenImageEdit",
         "qwen_image_edit_plus": "QwenImageEditPlus",
     }[model]
@@ -457,11 +468,12 @@ def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, 
     assert f"actor_rollout_ref.model.path={path}" in message and allowed in message
 
 
-def test_training_the_two_expert_wan_is_refused_before_ray_until_it_is_built(compose, tiny_model):
-    """The A14B layout resolves to its own adapter (rollout and replay only): every algorithm is refused naming it."""
+def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model):
+    """The A14B trains a LoRA over both experts; full fine-tuning (no full-weight sync of two experts) is refused
+    naming the key and the fix."""
     path = tiny_model("wan2_2_a14b")
     message = fails_before_ray(
-        compose("actor_rollout_ref.rollout.num_frames=5", model=path),
-        r"algorithm=flow_grpo: Wan22A14BTrainingAdapter \(",
+        compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", model=path),
+        re.escape("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) needs a full-weight sync"),
     )
-    assert f"actor_rollout_ref.model.path={path}" in message and "algorithms this model serves: []" in message
+    assert f"Wan22A14BTrainingAdapter ({path})" in message and "train a LoRA (rank > 0)" in message

@@ -66,9 +66,10 @@ def run_trainer(out: Path, model: Path, prompts, cluster, *overrides: str) -> tu
 def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None):
     """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process.
 
-    The tiny sizes are model-neutral (no guidance key): every model's defaults must work with them."""
+    The tiny sizes are model-neutral (no guidance key): every model's defaults must work with them. An override
+    of a key the tiny sizes set replaces it (Hydra refuses a key given twice)."""
     train, val = prompts
-    args = [
+    tiny = [
         f"actor_rollout_ref.model.path={model}",
         "actor_rollout_ref.model.lora.rank=4",
         "actor_rollout_ref.model.lora.alpha=8",
@@ -87,8 +88,9 @@ def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict 
         "trainer.logger=[console,file]",
         f"trainer.default_local_dir={out}",
         "trainer.val_before_train=true",
-        *overrides,
     ]
+    overridden = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    args = [a for a in tiny if a.split("=", 1)[0] not in overridden] + list(overrides)
     env = env or {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),

@@ -77,6 +77,15 @@ def engine(tiny_qwen_image_path, loop):
 
 
 @pytest.fixture(scope="module")
+def own_engine(tiny_qwen_image_path, loop):
+    """An fp32 engine of the module's own, for a module that needs one that never served a LoRA (vLLM-Omni keeps a
+    LoRA's layer wrappers after the adapter is removed, and the package's ``engine`` serves LoRAs)."""
+    rollout = _started_engine(loop, tiny_qwen_image_path, "float32")
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
 def bf16_engine(tiny_qwen_image_bf16_path, loop):
     """The rollout engine on the bf16 tiny model, as GPU engines run it."""
     rollout = _started_engine(loop, tiny_qwen_image_bf16_path, "bfloat16")

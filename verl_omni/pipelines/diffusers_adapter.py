@@ -49,6 +49,28 @@ def unpack_latents(tokens: torch.Tensor, latent_height: int, latent_width: int) 
     return x.reshape(b, c4 // 4, latent_height, latent_width)
 
 
+def source_grid_groups(grid: torch.Tensor) -> list[tuple[torch.Tensor, tuple[tuple[int, int], ...]]]:
+    """An editing batch's samples grouped by their source images' grids: ``(row indices, grid)`` per group.
+
+    ``grid`` is the recorded ``image_latents_grid`` ``[B, K, 2]`` (each source image's packed rows, columns;
+    all-zero rows pad a sample with fewer images). Samples of one group have the same source-token layout and
+    are predicted in one transformer call."""
+    grids = [tuple((int(r), int(c)) for r, c in g if r * c > 0) for g in grid.tolist()]
+    return [
+        (torch.tensor([i for i, g in enumerate(grids) if g == key], device=grid.device), key)
+        for key in dict.fromkeys(grids)
+    ]
+
+
+def with_source_tokens(
+    tokens: torch.Tensor, image_latents: torch.Tensor, rows: torch.Tensor, grid: tuple[tuple[int, int], ...]
+) -> torch.Tensor:
+    """``tokens[rows]`` ``[b, S, C]`` followed by those samples' source-image tokens (the first rows·cols of each
+    image in ``grid``, from the right-padded ``image_latents`` ``[B, S_c, C]``): the editing models' sequence."""
+    count = sum(r * c for r, c in grid)
+    return torch.cat([tokens[rows], image_latents[rows, :count].to(tokens.dtype)], dim=1)
+
+
 def calculate_shift(image_seq_len: int, config, default_max_shift: float = 1.15) -> float:
     """μ of the resolution-dependent shift, linear in the image token count (diffusers' ``calculate_shift``)."""
     base_len, max_len = config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096)

@@ -12,11 +12,14 @@ what the recorder recorded (``all_latents`` packed to ``[N, W+1, S, 4C]``, ``rol
 ``all_timesteps``, ``window_start``; an ODE request's ``clean_latents`` packed to ``[N, S, 4C]``) and the
 conditioning named by the model's adapter, one row for the request's N samples (:func:`shared_row`), read by
 ``engine.unpack_request_output``.
+
+Editing models (:class:`EditRolloutMixin`) take each request's source images from vLLM-Omni's multimodal
+input and denoise together only the requests whose images condition at the same sizes (their tokens line up).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm_omni.diffusion.data import DiffusionOutput
@@ -24,7 +27,7 @@ from vllm_omni.diffusion.data import DiffusionOutput
 from verl_omni.pipelines.diffusers_adapter import pack_latents
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RolloutRecorder, shared_row
 from verl_omni.pipelines.rollout_output import all_finite, request_output
-from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request
+from verl_omni.pipelines.rollout_request import RolloutRequest, parse_rollout_request, source_images
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
 from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
 
@@ -132,3 +135,41 @@ class DiffusersRolloutMixin:
             trajectory |= self._request_conditioning(conditioning, rows)
             outputs.append(request_output(images[rows.start : rows.stop], trajectory))
         return outputs
+
+
+class EditRolloutMixin(DiffusersRolloutMixin):
+    """An editing model's rollout: each request's 1 to ``max_source_images`` source images
+    (:func:`~verl_omni.pipelines.rollout_request.source_images`), sized by :meth:`condition_size`; the requests
+    whose images condition at the same sizes are denoised together by :meth:`denoise_edits`."""
+
+    #: how many source images a request may carry
+    max_source_images: ClassVar[int] = 1
+
+    def condition_size(self, image, spec: SamplingSpec) -> tuple[int, int]:
+        """``(width, height)`` a source image is conditioned at (the model's setting of ``spec``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define condition_size()")
+
+    def denoise_edits(
+        self, requests: list[RolloutRequest], sources: list[list], sizes: tuple, spec: SamplingSpec
+    ) -> list[DiffusionOutput]:
+        """One output per request of ``requests`` (``sources``: their PIL images; ``sizes``: the images'
+        condition sizes, the same for all of them)."""
+        raise NotImplementedError(f"{type(self).__name__} does not define denoise_edits()")
+
+    def rollout_forward(self, req) -> list[DiffusionOutput]:
+        requests, spec = self.start_batch(req)
+        sources = [
+            source_images(p, rid, self.max_source_images) for p, rid in zip(req.prompts, req.request_ids, strict=True)
+        ]
+        sizes = [tuple(self.condition_size(image, spec) for image in images) for images in sources]
+        outputs: list[DiffusionOutput | None] = [None] * len(requests)
+        for key in dict.fromkeys(sizes):
+            group = [j for j, s in enumerate(sizes) if s == key]
+            done = self.denoise_edits([requests[j] for j in group], [sources[j] for j in group], key, spec)
+            for j, output in zip(group, done, strict=True):
+                outputs[j] = output
+        return outputs
+
+    def resized(self, images: list, sizes: tuple) -> list:
+        """``images`` resized to their ``(width, height)`` ``sizes`` by the pipeline's image processor."""
+        return [self.image_processor.resize(im, size[1], size[0]) for im, size in zip(images, sizes, strict=True)]

@@ -91,10 +91,18 @@ class ModelAdapter:
         fsdp_wrap_blocks (`tuple[str]`): module class names wrapped one FSDP unit each.
         lora_target_modules (`tuple[str]`): default peft ``target_modules``.
         lora_file_pipeline (`str` or None): diffusers pipeline whose LoRA file format checkpoints use.
+        lora_components (`tuple[str]`): a training module holding several transformers (the A14B's two experts):
+            their attribute names, which are the pipeline's component names and the first part of every LoRA
+            tensor name; the checkpoint writes one diffusers LoRA file per component
+            (``workers/engine/fsdp/checkpoint.py``). Empty: the module is the one transformer.
         conditioning_keys (`tuple[str]`): per-sample tensors (besides latents and timesteps) a replay needs.
         cfg_conditioning_keys (`tuple[str]`): further ones when the replay uses CFG.
         rollout_name_map (`tuple[tuple[str, str]]`): ``(training, rollout)`` name fragments, applied to
             ``.``-delimited names in order, that turn a trained module name into the rollout's.
+        rollout_weight_prefix (`str` or None): the rollout pipeline's component holding the trained module, as the
+            prefix its ``load_weights`` routes checkpoint names by (``"transformer."``); full fine-tuning sends the
+            trained module's own (diffusers) names under it and the rollout's loader maps them (fused qkv...).
+            None: the model has no full-weight sync (LoRA only).
         rollout_fused_lora_modules (`tuple[tuple[str, tuple[str]]]`): ``(fused layer, sub-layers in slice order)``
             (leaf names, rollout naming) of fused rollout layers whose sub-layer adapters vLLM-Omni's LoRA manager
             does not route itself (it derives that routing from the model's ``stacked_params_mapping``; a model
@@ -126,10 +134,12 @@ class ModelAdapter:
     fsdp_wrap_blocks: ClassVar[tuple[str, ...]] = ()
     lora_target_modules: ClassVar[tuple[str, ...]] = ()
     lora_file_pipeline: ClassVar[str | None] = None
+    lora_components: ClassVar[tuple[str, ...]] = ()
     conditioning_keys: ClassVar[tuple[str, ...]] = ()
     cfg_conditioning_keys: ClassVar[tuple[str, ...]] = ()
     rollout_name_map: ClassVar[tuple[tuple[str, str], ...]] = ()
     rollout_fused_lora_modules: ClassVar[tuple[tuple[str, tuple[str, ...]], ...]] = ()
+    rollout_weight_prefix: ClassVar[str | None] = "transformer."
     sampling_keys: ClassVar[tuple[str, ...]] = ()
     tokenizer_subfolder: ClassVar[str] = ""
     rollout_dtype: ClassVar[str | None] = None

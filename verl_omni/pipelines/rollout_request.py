@@ -12,6 +12,7 @@ batch.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -134,3 +135,34 @@ def parse_rollout_request(prompt: Any, sampling_params: Any) -> RolloutRequest:
     if len(seeds) != num_samples:
         raise ValueError(f"the sampling spec has {len(seeds)} seeds for num_outputs_per_prompt={num_samples}")
     return RolloutRequest.build(prompt_ids, negative_ids, replace(spec, seeds=seeds))
+
+
+def source_images(prompt: Any, request_id: str, max_images: int) -> list:
+    """The 1 to ``max_images`` source images of an editing model's request, as RGB PIL images: vLLM-Omni's
+    multimodal input ``prompt["multi_modal_data"]["image"]`` (one image, or a list; PIL images or paths)."""
+    import PIL.Image
+
+    data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+    images = (data or {}).get("image")
+    images = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
+    if not 1 <= len(images) <= max_images:
+        raise ValueError(
+            f"request {request_id} has {len(images)} source images in multi_modal_data['image']; the model edits "
+            f"1 to {max_images}"
+        )
+    out = []
+    for image in images:
+        if isinstance(image, str):
+            image = PIL.Image.open(image)
+        if not isinstance(image, PIL.Image.Image):
+            raise TypeError(f"request {request_id}: a source image must be a PIL image or a path, got {type(image)}")
+        out.append(image.convert("RGB"))
+    return out
+
+
+def condition_size(width: int, height: int, area: float, multiple: int) -> tuple[int, int]:
+    """``(width, height)`` of a source image as conditioned on: ``area`` pixels at its aspect ratio, sides
+    rounded to ``multiple`` (at least one multiple)."""
+    ratio = width / height
+    w = math.sqrt(area * ratio)
+    return max(multiple, round(w / multiple) * multiple), max(multiple, round(w / ratio / multiple) * multiple)

@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 PATCHED_VLLM_OMNI_VERSIONS = ("0.26.",)
 _applied: set[str] = set()
 BATCH_OUTPUT_TIMEOUT_S = 60.0
+# how long a request waits for its packed output on CPU (vLLM-Omni 0.26 waits 30 s); the request's own bound,
+# the engine's generation timeout, still applies
+OUTPUT_READY_TIMEOUT_S = 600.0
 
 
 def _version_supported(installed: str | None = None) -> bool:
@@ -288,8 +291,24 @@ def patch_engine_warmup() -> None:
     logger.info("verl_omni CPU patch applied: DiffusionEngine._dummy_run")
 
 
+def patch_output_ready_wait() -> None:
+    """Gap: vLLM-Omni 0.26 ``DiffusionEngine.step_streaming`` waits a fixed 30 s
+    (``diffusion_engine._ASYNC_OUTPUT_TIMEOUT``) for the worker's output thread to pack a finished request's output,
+    then fails the request with an empty error. On a loaded 2-core CPU machine that packing thread shares the cores
+    with other engines and trainer processes and has taken longer (the two-replica trainer test failed so); the
+    wait becomes :data:`OUTPUT_READY_TIMEOUT_S`."""
+    if "output_ready_wait" in _applied:
+        return
+    from vllm_omni.diffusion import diffusion_engine
+
+    diffusion_engine._ASYNC_OUTPUT_TIMEOUT = OUTPUT_READY_TIMEOUT_S
+    _applied.add("output_ready_wait")
+    logger.info("verl_omni CPU patch applied: DiffusionEngine output-ready wait %.0f s", OUTPUT_READY_TIMEOUT_S)
+
+
 PATCHES = {
     "async_output_loop": patch_async_output_loop,
+    "output_ready_wait": patch_output_ready_wait,
     "batch_output_split": patch_batch_output_split,
     "sdpa_dispatch": patch_sdpa_dispatch,
     "engine_warmup": patch_engine_warmup,

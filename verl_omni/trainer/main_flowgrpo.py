@@ -117,10 +117,10 @@ def run_flowgrpo(config: DictConfig) -> None:
     run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before the heavy imports
     import torch
 
-    from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.trainer.flowgrpo.async_mode import trainer_class
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    trainer = RayFlowGRPOTrainer(config, configs, run_dir)
+    trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
     trainer.init()
     try:
         trainer.fit()

@@ -4,11 +4,13 @@ It subclasses verl's ``TrainingWorker``, which already builds the engine from th
 (``model_type="diffusion_model"`` → ``DiffusersFSDPEngine``), sets up profiling and dispatch and
 forwards save/load checkpoint and offload to the engine. On top it exposes the actor's phases
 as DataProto methods split over the data-parallel ranks (``DP_COMPUTE_PROTO``):
-``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ, LoRA disabled),
-``update_actor``, and ``get_lora_params`` (LoRA tensors for the rollout).
+``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ: LoRA disabled, or the
+frozen base copy of full fine-tuning), ``update_actor``, ``get_lora_params`` (LoRA tensors for the
+rollout) and, for full fine-tuning, ``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer
+in checked buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
 
 The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
-shares the actor's weights, so one worker covers verl's actor and ref roles.
+lives in the actor's engine, so one worker covers verl's actor and ref roles.
 
 A ``DataProto`` sent to these methods carries per-sample tensors (``docs/actor.md``, batch
 format) and ``meta_info["sampling_spec"]``, a :class:`~verl_omni.pipelines.sampling.SamplingSpec` as a dict.
@@ -30,13 +32,17 @@ from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
+from verl_omni.workers.engine.fsdp import policy_versions
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
+from verl_omni.workers.rollout.weight_buckets import WeightBucket
 from verl_omni.workers.utils.losses import default_algorithm_config
 
 logger = logging.getLogger(__name__)
 
 # which of the old policy's replay outputs ``compute_log_prob`` returns (the algorithm's ``Phases.old_outputs``)
 OLD_OUTPUTS_KEY = "old_outputs"
+# the weight version ``compute_log_prob`` replays (one kept with ``keep_policy_version``); absent: the current weights
+POLICY_VERSION_KEY = "policy_version"
 
 
 def _init_cpu_process_group() -> None:
@@ -62,6 +68,8 @@ class DiffusionActorWorker(TrainingWorker):
         self.actor_config = actor_config
         self.algorithm_config = algorithm_config
         self.actor: DiffusionActor | None = None
+        # earlier weight versions still needed (separate_async): version -> this rank's trainable shards on the host
+        self.policy_versions: dict[int, dict] = {}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -70,14 +78,27 @@ class DiffusionActorWorker(TrainingWorker):
         phases = get_algorithm(algorithm_config.name).phases(algorithm_config, self.actor_config)
         # the old policy as a second adapter must exist before FSDP wraps the module
         self.engine.old_policy_adapter = phases.old_policy_adapter
+        # full fine-tuning's reference is a frozen copy: built only when a KL term needs it
+        self.engine.needs_reference = phases.reference
         self.engine.initialize()
         self.actor = DiffusionActor(self.engine, self.actor_config, algorithm_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """The old policy's replay outputs named in ``meta_info["old_outputs"]`` (default ``["log_probs"]``), each
-        as ``old_<name>`` (``old_log_probs`` ``[B, W]``, ``old_prev_sample_mean`` ``[B, W, N, C]``)."""
-        out = self.actor.infer(data.batch, _sampling_spec(data))
+        as ``old_<name>`` (``old_log_probs`` ``[B, W]``, ``old_prev_sample_mean`` ``[B, W, N, C]``); with
+        ``meta_info["policy_version"]``, of that kept weight version instead of the current weights."""
+        version = data.meta_info.get(POLICY_VERSION_KEY)
+        if version is None:
+            out = self.actor.infer(data.batch, _sampling_spec(data))
+        else:
+            if version not in self.policy_versions:
+                raise KeyError(
+                    f"compute_log_prob of weight version {version}: the actor keeps {sorted(self.policy_versions)} "
+                    "(keep_policy_version must run before the update that replaces it)"
+                )
+            with policy_versions.weights_of(self.engine.module, self.policy_versions[version]):
+                out = self.actor.infer(data.batch, _sampling_spec(data))
         names = data.meta_info.get(OLD_OUTPUTS_KEY, ["log_probs"])
         return DataProto.from_dict(tensors={f"old_{name}": out[name] for name in names})
 
@@ -95,7 +116,30 @@ class DiffusionActorWorker(TrainingWorker):
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def keep_policy_version(self, version: int, keep: list[int]) -> None:
+        """Keep the current trained weights as ``version`` when ``keep`` names it, and drop every kept version
+        ``keep`` does not name (separate_async: ``keep`` = the versions queued batches were sampled with)."""
+        if version in keep and version not in self.policy_versions:
+            self.policy_versions[version] = policy_versions.trainable_shards(self.engine.module)
+        self.policy_versions = {v: shards for v, shards in self.policy_versions.items() if v in keep}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_lora_params(self) -> tuple[dict, dict]:
         """``(tensors, peft_config)`` of the current LoRA, full tensors on CPU; every rank returns them."""
         params, config = self.engine.get_per_tensor_param()
         return dict(params), config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weight_bucket_plan(self, bucket_bytes: int) -> list[list[str]]:
+        """Full fine-tuning: the transformer's tensor names in buckets of at most ``bucket_bytes`` (same on every rank)."""
+        return self.engine.weight_bucket_plan(bucket_bytes)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def get_weight_bucket(self, plan: list[list[str]], version: int, index: int) -> WeightBucket | None:
+        """Bucket ``index`` of sync ``version``, checksummed; every rank gathers its shards, rank 0 returns it
+        (non-blocking: the caller hands rank 0's object reference to the rollout servers, the bucket never
+        passes through the trainer process)."""
+        tensors = self.engine.weight_bucket(plan, index)
+        if dist.get_rank() != 0:
+            return None
+        return WeightBucket.build(version, index, len(plan), tensors)

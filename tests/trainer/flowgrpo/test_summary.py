@@ -15,6 +15,7 @@ from verl_omni.trainer.flowgrpo.summary import (
     CURVE_FILE,
     DIFFUSERS_HEADER,
     SUMMARY_FILE,
+    TRANSFORMER_HEADER,
     draw_reward_curve,
     read_run,
     write_summary,
@@ -93,6 +94,30 @@ def test_interrupted_run_and_a_model_without_a_diffusers_pipeline(tmp_path, run_
     empty = write_summary(tmp_path, 10, 3.0, "/m", "QwenImagePipeline", algorithm="Flow-GRPO", interrupted=True)
     assert "0 of 10 steps" in empty and "final LoRA: none saved" in empty and DIFFUSERS_HEADER not in empty
     assert (tmp_path / CURVE_FILE).is_file()
+
+
+def test_full_fine_tuning_summary_names_the_trained_transformer_and_its_diffusers_lines(tmp_path):
+    """A run with ``model.lora.rank=0`` saves ``actor/transformer`` (``save_pretrained``), not a LoRA: the summary
+    must say where it is and how diffusers loads it, not "no LoRA saved". The lines are run on a real checkpoint in
+    ``tests/trainer/test_flowgrpo_full_ft_e2e.py``."""
+    import json
+
+    checkpoints = RunDir(root=tmp_path, world_size=1)
+    transformer = checkpoints.begin_checkpoint(3) / "actor" / "transformer"
+    transformer.mkdir(parents=True)
+    (transformer / "config.json").write_text(json.dumps({"_class_name": "QwenImageTransformer2DModel"}))
+    checkpoints.commit_checkpoint(3)
+    text = write_summary(
+        tmp_path, 3, 1.0, "/models/qwen", "QwenImagePipeline", algorithm="Flow-GRPO", interrupted=False
+    )
+    final = tmp_path / "global_step_3" / "actor" / "transformer"
+    lines = text.splitlines()
+    assert f"final transformer: {final}" in text and "final LoRA" not in text and DIFFUSERS_HEADER not in text
+    assert [line.strip() for line in lines[lines.index(f"  {TRANSFORMER_HEADER}") + 1 :]] == [
+        "from diffusers import QwenImageTransformer2DModel, QwenImagePipeline",
+        f"transformer = QwenImageTransformer2DModel.from_pretrained({str(final)!r})",
+        "pipe = QwenImagePipeline.from_pretrained('/models/qwen', transformer=transformer)",
+    ]
 
 
 def _pixels(image: np.ndarray, color) -> np.ndarray:

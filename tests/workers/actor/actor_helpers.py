@@ -6,9 +6,11 @@ import torch
 from tensordict import TensorDict
 
 
-def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config=None, **actor_kwargs):
-    """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=4, AdamW lr 1e-2), running
-    ``algorithm_config``'s algorithm (None: the default)."""
+def build_actor(
+    model_path, lora_init=True, engine_kwargs=None, algorithm_config=None, lora_rank=4, lr=1e-2, **actor_kwargs
+):
+    """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=``lora_rank``, 0: full
+    fine-tuning; AdamW ``lr``), running ``algorithm_config``'s algorithm (None: the default)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -20,9 +22,9 @@ def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config
     from verl_omni.workers.utils.losses import default_algorithm_config
 
     model = DiffusionModelConfig(
-        path=str(model_path), lora=DiffusionLoraConfig(rank=4, alpha=8, init_lora_weights=lora_init)
+        path=str(model_path), lora=DiffusionLoraConfig(rank=lora_rank, alpha=8, init_lora_weights=lora_init)
     )
-    optim = FSDPOptimizerConfig(lr=1e-2, weight_decay=0.0, total_training_steps=10)
+    optim = FSDPOptimizerConfig(lr=lr, weight_decay=0.0, total_training_steps=10)
     engine = EngineRegistry.new(
         "diffusion_model",
         "fsdp2",
@@ -36,6 +38,7 @@ def build_actor(model_path, lora_init=True, engine_kwargs=None, algorithm_config
     # as DiffusionActorWorker.init_model: an old-policy adapter must exist before FSDP wraps the module
     phases = get_algorithm(algorithm_config.name).phases(algorithm_config, actor_config)
     engine.old_policy_adapter = phases.old_policy_adapter
+    engine.needs_reference = phases.reference
     engine.initialize()
     return DiffusionActor(engine, actor_config, algorithm_config)
 

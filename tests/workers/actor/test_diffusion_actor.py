@@ -135,3 +135,35 @@ def test_drop_zero_std_groups_skips_empty_mini_batches_and_refuses_a_batch_that_
     assert metrics["actor/skipped_mini_batches"] == 1
     assert {int(state["step"]) for state in actor.engine.optimizer.state.values()} == {1}
     assert 0 < metrics["actor/grad_norm"] < float("inf") and abs(metrics["actor/pg_loss"]) > 0
+
+
+def test_offload_policy_puts_fsdp2_host_offload_on_every_block_and_changes_no_update(
+    process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+):
+    """``actor.engine.offload_policy=true`` (verl's key, which the engine used to drop): FSDP2's ``CPUOffloadPolicy``
+    on every sharded block of the full fine-tuning model (parameters, gradients and AdamW state in host memory, the
+    optimizer step on the host), verl's between-phase offload switched off, and the same update as without it. On
+    CPU nothing moves; the memory it saves shows on an accelerator."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    batch = _batch(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    batch["old_log_probs"] = rec["rollout_log_probs"]
+    log_probs = {}
+    for offload in (False, True):
+        engine_kwargs = {"offload_policy": offload, "optimizer_offload": offload}
+        actor = _actor(tiny_qwen_image_path, lora_rank=0, lr=1e-4, ppo_mini_batch_size=4, engine_kwargs=engine_kwargs)
+        # FSDP2 keeps the policy on each block's parameter group (no public accessor)
+        groups = [
+            m._get_fsdp_state()._fsdp_param_group for m in actor.engine.module.modules() if isinstance(m, FSDPModule)
+        ]
+        groups = [group for group in groups if group is not None]
+        assert len(groups) > 1 and all(isinstance(g.offload_policy, CPUOffloadPolicy) == offload for g in groups)
+        assert not actor.engine.is_optimizer_offload_enabled, "the policy owns placement: no between-phase offload"
+        actor.update_policy(batch, spec)
+        log_probs[offload] = actor.compute_log_prob(batch, spec)
+    assert not torch.allclose(log_probs[False], rec["sanity_log_probs"], rtol=0, atol=1e-5), "the update moved"
+    torch.testing.assert_close(log_probs[True], log_probs[False], rtol=0, atol=1e-6)

@@ -96,6 +96,8 @@ class BagelTrainingAdapter(ModelAdapter):
     # vLLM-Omni's LoRA manager names the language model's layers relative to ``transformer`` (its
     # ``language_model.model``); gate/up are fused there and matched through packed_modules_mapping
     rollout_name_map = ((".language_model.model.", "."),)
+    # no full-weight sync yet: BAGEL's pipeline loader expects the checkpoint's names, not the trained module's
+    rollout_weight_prefix = None
     # BAGEL's schedule shift and CFG settings (rollout.model_kwargs), besides the text-CFG scale true_cfg_scale
     sampling_keys = ("timestep_shift", *DEFAULT_GUIDANCE)
     # the released checkpoint keeps its Qwen2 tokenizer files at the root

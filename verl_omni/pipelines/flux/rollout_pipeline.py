@@ -26,16 +26,40 @@ from verl_omni.pipelines.recorder import RolloutRecorder
 MAX_SEQUENCE_LENGTH = 512
 
 
+def prompt_conditioning(pipe, requests, spec) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A FLUX.1 pipeline's prompt conditioning, one row per request: T5 ``prompt_embeds`` ``[R, T, D]`` and CLIP
+    ``pooled_prompt_embeds`` ``[R, D]`` of the prompt ids' text; and the text position ids ``[T, 3]``."""
+    if spec.uses_cfg:
+        raise ValueError(f"FLUX.1 is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} must be <= 1")
+    texts = pipe.prompt_texts(pipe.tokenizer, requests)
+    embeds, pooled, text_ids = pipe.encode_prompt(texts, None, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    return {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}, text_ids
+
+
+def embedded_guidance(pipe, spec, batch_size: int, device: torch.device) -> torch.Tensor | None:
+    """The guidance embedding's input ``[B]`` (fp32, the spec's ``guidance_scale``) of a FLUX.1 pipeline ``pipe``
+    (None without a guidance embedding), its loop state set as the stock forward sets it. Made on ``device``
+    (the latents'): FLUX.1-Kontext's stock ``diffuse`` passes it to the transformer's linear layers as it is."""
+    pipe._guidance_scale, pipe._joint_attention_kwargs = spec.guidance_scale, {}
+    if not pipe.transformer.guidance_embeds:
+        return None
+    return torch.full([batch_size], float(spec.guidance_scale), dtype=torch.float32, device=device)
+
+
+def decode(pipe, latents: torch.Tensor, spec) -> torch.Tensor:
+    """Images ``[B, 3, H, W]`` of a FLUX.1 pipeline's final packed latents (the stock un-normalisation)."""
+    pipe._current_timestep = None
+    images = pipe._unpack_latents(latents, spec.height, spec.width, pipe.vae_scale_factor)
+    images = images / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+    return pipe.vae.decode(images.to(pipe.vae.dtype), return_dict=False)[0]
+
+
 class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
     """FLUX.1 rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
     def rollout_forward(self, req):
         requests, spec = self.start_batch(req)
-        if spec.uses_cfg:
-            raise ValueError(f"FLUX.1 is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} must be <= 1")
-        texts = self.prompt_texts(self.tokenizer, requests)
-        embeds, pooled, text_ids = self.encode_prompt(texts, None, max_sequence_length=MAX_SEQUENCE_LENGTH)
-        cond = {"prompt_embeds": embeds, "pooled_prompt_embeds": pooled}
+        cond, text_ids = prompt_conditioning(self, requests, spec)
         cond = {k: self.per_sample(v, requests) for k, v in cond.items()}
 
         recorder = RolloutRecorder(requests, self.device)
@@ -44,15 +68,12 @@ class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
             self.transformer.in_channels // 4,
             spec.height,
             spec.width,
-            embeds.dtype,
+            cond["prompt_embeds"].dtype,
             self.device,
             recorder.generators,
         )
         self.start_schedule(recorder, spec, latents.shape[1], latents.device)
-        self._guidance_scale, self._joint_attention_kwargs = spec.guidance_scale, {}
-        guidance = None
-        if self.transformer.guidance_embeds:
-            guidance = torch.full([latents.shape[0]], float(spec.guidance_scale), dtype=torch.float32)
+        guidance = embedded_guidance(self, spec, latents.shape[0], latents.device)
         with recorder.recording(self):
             latents = self.diffuse(
                 cond["prompt_embeds"],
@@ -69,8 +90,4 @@ class FluxLogProbPipeline(DiffusersRolloutMixin, FluxPipeline):
                 1.0,
                 cfg_normalize=False,
             )
-        self._current_timestep = None
-        images = self._unpack_latents(latents, spec.height, spec.width, self.vae_scale_factor)
-        images = images / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        images = self.vae.decode(images.to(self.vae.dtype), return_dict=False)[0]
-        return self.rollout_outputs(recorder, images, cond, packed=True)
+        return self.rollout_outputs(recorder, decode(self, latents, spec), cond, packed=True)

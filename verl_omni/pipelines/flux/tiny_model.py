@@ -48,16 +48,18 @@ def _transformer():
     )
 
 
-def build_tiny_flux(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+def build_tiny_flux(out_dir: Path, seed: int = 0, dtype: str = "float32", pipeline_class=None) -> Path:
     """Write a tiny random FLUX.1-dev pipeline to ``out_dir``; the same seed gives the same files.
 
-    Returns ``out_dir``, loadable with ``FluxPipeline.from_pretrained(out_dir)``.
+    ``pipeline_class``: the diffusers pipeline saved (default ``FluxPipeline``; FLUX.1-Kontext's builder passes
+    ``FluxKontextPipeline``, same components). Returns ``out_dir``, loadable with its ``from_pretrained(out_dir)``.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
+    pipeline_class = pipeline_class or FluxPipeline
     clip, t5 = parts.clip_tokenizer(), parts.t5_tokenizer()
     out = parts.save_pipeline(
-        FluxPipeline,
+        pipeline_class,
         Path(out_dir),
         seed,
         dtype,
@@ -71,5 +73,5 @@ def build_tiny_flux(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Pat
         tokenizer=clip,
         tokenizer_2=t5,
     )
-    logger.info("tiny FLUX.1 written to %s", out)
+    logger.info("tiny %s written to %s", pipeline_class.__name__, out)
     return out

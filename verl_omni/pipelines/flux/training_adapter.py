@@ -22,11 +22,12 @@ from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS, 
 from verl_omni.pipelines.model_base import register_training_adapter
 
 
-def image_position_ids(grid_height: int, grid_width: int, device, dtype) -> torch.Tensor:
-    """``[h·w, 3]`` position ids of the packed image tokens: (0, row, column), row-major."""
+def image_position_ids(grid_height: int, grid_width: int, device, dtype, index: int = 0) -> torch.Tensor:
+    """``[h·w, 3]`` position ids of the packed image tokens: (index, row, column), row-major (index 0: the
+    generated image; FLUX.1-Kontext's source image tokens have 1)."""
     rows = torch.arange(grid_height, device=device).repeat_interleave(grid_width)
     cols = torch.arange(grid_width, device=device).repeat(grid_height)
-    return torch.stack([torch.zeros_like(rows), rows, cols], dim=1).to(dtype)
+    return torch.stack([torch.full_like(rows, index), rows, cols], dim=1).to(dtype)
 
 
 @register_training_adapter("FluxPipeline")
@@ -63,28 +64,40 @@ class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
         return float(cls.default_guidance_scale if spec.guidance_scale is None else spec.guidance_scale)
 
     @classmethod
-    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
-        """Packed velocity ``[B, S, 4C]`` at recorded step ``step``: one pass with the guidance embedding."""
+    def refuse_true_cfg(cls, spec) -> None:
+        """The replay's check: the model is guidance-distilled, a true-CFG spec is refused."""
         if spec.uses_cfg:
             raise ValueError(
-                f"FLUX.1 (FluxPipeline) is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} is not supported "
-                "(set it to 1 and steer with guidance_scale)"
+                f"FLUX.1 ({cls.lora_file_pipeline}) is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} is "
+                "not supported (set it to 1 and steer with guidance_scale)"
             )
+
+    @classmethod
+    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
+        """Packed velocity ``[B, S, 4C]`` at recorded step ``step``: one pass with the guidance embedding."""
+        cls.refuse_true_cfg(spec)
         tokens = batch["all_latents"][:, step]
         height, width = cls.latent_grid(spec, vae_scale_factor)
-        prompt_embeds = batch["prompt_embeds"].to(tokens.dtype)
+        ids = image_position_ids(height // 2, width // 2, tokens.device, tokens.dtype)
+        return cls.transformer_velocity(module, tokens, ids, batch, step, spec)
+
+    @classmethod
+    def transformer_velocity(cls, module, hidden, img_ids, batch, step: int, spec) -> torch.Tensor:
+        """The transformer's output ``[B, S', 4C]`` for the image tokens ``hidden`` ``[B, S', 4C]`` at position ids
+        ``img_ids`` ``[S', 3]``, conditioned on ``batch``'s prompt of the same B samples at recorded step ``step``."""
+        prompt_embeds = batch["prompt_embeds"].to(hidden.dtype)
         guidance = None
         if module.config.guidance_embeds:
             guidance = torch.full(
-                (tokens.shape[0],), cls.embedded_guidance(spec), dtype=torch.float32, device=tokens.device
+                (hidden.shape[0],), cls.embedded_guidance(spec), dtype=torch.float32, device=hidden.device
             )
         return module(
-            hidden_states=tokens,
-            timestep=batch["all_timesteps"][:, step].to(tokens.dtype) / 1000,
+            hidden_states=hidden,
+            timestep=batch["all_timesteps"][:, step].to(hidden.dtype) / 1000,
             guidance=guidance,
-            pooled_projections=batch["pooled_prompt_embeds"].to(tokens.dtype),
+            pooled_projections=batch["pooled_prompt_embeds"].to(hidden.dtype),
             encoder_hidden_states=prompt_embeds,
             txt_ids=prompt_embeds.new_zeros(prompt_embeds.shape[1], 3),
-            img_ids=image_position_ids(height // 2, width // 2, tokens.device, tokens.dtype),
+            img_ids=img_ids,
             return_dict=False,
         )[0]

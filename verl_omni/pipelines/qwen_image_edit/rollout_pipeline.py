@@ -27,25 +27,22 @@ import torch
 from vllm_omni.diffusion.data import DiffusionOutput
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import QwenImageEditPipeline
 
-from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
+from verl_omni.pipelines.diffusers_rollout import EditRolloutMixin
 from verl_omni.pipelines.qwen_image_edit.rollout_request import (
+    CONDITION_SIDE_MULTIPLE,
     DEFAULT_CONDITION_AREA,
     IMAGE_PAD_TOKEN,
     QWEN_IMAGE_EDIT_PROMPT_DROP_TOKENS,
-    condition_size,
     expand_image_pads,
-    source_images,
 )
 from verl_omni.pipelines.recorder import RolloutRecorder
-from verl_omni.pipelines.rollout_request import RolloutRequest
+from verl_omni.pipelines.rollout_request import RolloutRequest, condition_size
 from verl_omni.pipelines.sampling import SamplingSpec
 
 
-class EditRolloutMixin(DiffusersRolloutMixin):
+class QwenImageEditRolloutMixin(EditRolloutMixin):
     """Put before a vLLM-Omni Qwen-Image edit pipeline class (the module docstring); variants set the class facts."""
 
-    #: how many source images a request may carry
-    max_source_images: ClassVar[int] = 1
     #: pixels of a source image as the vision tower sees it; None: the VAE's (``condition_area``)
     default_vl_condition_area: ClassVar[float | None] = None
 
@@ -53,31 +50,25 @@ class EditRolloutMixin(DiffusersRolloutMixin):
         """The request's ids with one image block per source image (one image: the ids as built)."""
         return ids
 
-    def rollout_forward(self, req) -> list[DiffusionOutput]:
-        requests, spec = self.start_batch(req)
+    def condition_size(self, image, spec: SamplingSpec) -> tuple[int, int]:
+        """``model_kwargs.condition_area`` pixels (default the stock 1024²) at the image's aspect ratio."""
         area = float(spec.model_kwargs.get("condition_area", DEFAULT_CONDITION_AREA))
-        vl_area = spec.model_kwargs.get("vl_condition_area", self.default_vl_condition_area)
-        sources = [
-            source_images(p, rid, self.max_source_images) for p, rid in zip(req.prompts, req.request_ids, strict=True)
-        ]
-        sizes = [tuple(condition_size(*image.size, area) for image in images) for images in sources]
-        # requests whose images condition at the same sizes share a transformer batch (their tokens line up)
-        outputs: list[DiffusionOutput | None] = [None] * len(requests)
-        for key in dict.fromkeys(sizes):
-            group = [j for j, s in enumerate(sizes) if s == key]
-            vae_images = [[self._resize(im, size) for im, size in zip(sources[j], key, strict=True)] for j in group]
-            vl_images = vae_images
-            if vl_area is not None:
-                vl_images = [
-                    [self._resize(im, condition_size(*im.size, float(vl_area))) for im in sources[j]] for j in group
-                ]
-            done = self._denoise_group([requests[j] for j in group], vae_images, vl_images, spec)
-            for j, output in zip(group, done, strict=True):
-                outputs[j] = output
-        return outputs
+        return condition_size(*image.size, area, CONDITION_SIDE_MULTIPLE)
 
-    def _resize(self, image, size: tuple[int, int]):
-        return self.image_processor.resize(image, size[1], size[0])
+    def denoise_edits(
+        self, requests: list[RolloutRequest], sources: list[list], sizes: tuple, spec: SamplingSpec
+    ) -> list[DiffusionOutput]:
+        vl_area = spec.model_kwargs.get("vl_condition_area", self.default_vl_condition_area)
+        vae_images = [self.resized(images, sizes) for images in sources]
+        vl_images = vae_images
+        if vl_area is not None:
+            vl_images = [
+                self.resized(
+                    images, [condition_size(*im.size, float(vl_area), CONDITION_SIDE_MULTIPLE) for im in images]
+                )
+                for images in sources
+            ]
+        return self._denoise_group(requests, vae_images, vl_images, spec)
 
     def _vl_embeds(self, requests: list[RolloutRequest], images: list[list], negative: bool):
         """Qwen2.5-VL hidden states ``[R, L, D]`` and mask ``[R, L]`` of each request's ids with its images."""
@@ -194,5 +185,5 @@ class EditRolloutMixin(DiffusersRolloutMixin):
         return self.rollout_outputs(recorder, decoded, cond, packed=True)
 
 
-class QwenImageEditLogProbPipeline(EditRolloutMixin, QwenImageEditPipeline):
+class QwenImageEditLogProbPipeline(QwenImageEditRolloutMixin, QwenImageEditPipeline):
     """Qwen-Image-Edit rollout pipeline: token ids and one source image in; images, SDE trajectories, log-probs out."""

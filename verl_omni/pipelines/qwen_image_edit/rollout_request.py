@@ -1,15 +1,12 @@
-"""The Qwen-Image-Edit prompt: template, token ids, the source images' sizes, and where the images travel.
+"""The Qwen-Image-Edit prompt: template, token ids and the source images' sizes.
 
 A request's prompt is the templated instruction as token ids with one ``<|image_pad|>`` (what
 :func:`prompt_token_ids` returns; the rollout pipeline widens it to the vision tower's token count,
 and the multi-image "Plus" pipeline first adds a ``Picture i:`` block per further image), and its
-source images in vLLM-Omni's multimodal input, ``prompt["multi_modal_data"]["image"]``.
+source images in vLLM-Omni's multimodal input (``verl_omni.pipelines.rollout_request.source_images``).
 """
 
 from __future__ import annotations
-
-import math
-from typing import Any
 
 # the edit chat template and its dropped prefix, as vLLM-Omni's and diffusers' QwenImageEditPipeline use them
 QWEN_IMAGE_EDIT_PROMPT_TEMPLATE = (
@@ -25,7 +22,7 @@ PICTURE_BLOCK = "Picture {}: " + IMAGE_BLOCK
 IMAGE_PAD_TOKEN = "<|image_pad|>"
 VISION_END_TOKEN = "<|vision_end|>"
 # pixels of a source image as the VAE sees it (the stock pipelines' 1024²); the image keeps its aspect ratio,
-# sides rounded to CONDITION_SIDE_MULTIPLE
+# sides rounded to CONDITION_SIDE_MULTIPLE (vLLM-Omni's ``calculate_dimensions``)
 DEFAULT_CONDITION_AREA = 1024 * 1024
 CONDITION_SIDE_MULTIPLE = 32
 
@@ -59,35 +56,4 @@ def expand_image_pads(ids: list[int], pad_id: int, counts: list[int]) -> list[in
             k += 1
         else:
             out.append(token)
-    return out
-
-
-def condition_size(width: int, height: int, area: float) -> tuple[int, int]:
-    """``(width, height)`` of a source image as conditioned on: ``area`` pixels at its aspect ratio, sides
-    rounded to :data:`CONDITION_SIDE_MULTIPLE` (vLLM-Omni's ``calculate_dimensions``, the area a setting)."""
-    ratio = width / height
-    w = math.sqrt(area * ratio)
-    side = CONDITION_SIDE_MULTIPLE
-    return max(side, round(w / side) * side), max(side, round(w / ratio / side) * side)
-
-
-def source_images(prompt: Any, request_id: str, max_images: int) -> list:
-    """The 1 to ``max_images`` source images of a request's prompt, as RGB PIL images."""
-    import PIL.Image
-
-    data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
-    images = (data or {}).get("image")
-    images = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
-    if not 1 <= len(images) <= max_images:
-        raise ValueError(
-            f"request {request_id} has {len(images)} source images in multi_modal_data['image']; the model edits "
-            f"1 to {max_images}"
-        )
-    out = []
-    for image in images:
-        if isinstance(image, str):
-            image = PIL.Image.open(image)
-        if not isinstance(image, PIL.Image.Image):
-            raise TypeError(f"request {request_id}: a source image must be a PIL image or a path, got {type(image)}")
-        out.append(image.convert("RGB"))
     return out

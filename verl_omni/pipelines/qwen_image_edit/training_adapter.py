@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from verl_omni.pipelines.diffusers_adapter import source_grid_groups, with_source_tokens
 from verl_omni.pipelines.model_base import register_training_adapter
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter, _embeds
 
@@ -44,12 +45,9 @@ class QwenImageEditTrainingAdapter(QwenImageTrainingAdapter):
         x = batch["all_latents"][:, step]
         cells = 2 * vae_scale_factor
         out_grid = (1, spec.height // cells, spec.width // cells)
-        grids = [tuple((int(r), int(c)) for r, c in g if r * c > 0) for g in batch["image_latents_grid"].tolist()]
         velocity = torch.empty_like(x)
-        for grid in dict.fromkeys(grids):
-            rows = torch.tensor([i for i, g in enumerate(grids) if g == grid], device=x.device)
-            tokens = sum(r * c for r, c in grid)
-            hidden = torch.cat([x[rows], batch["image_latents"][rows, :tokens].to(x.dtype)], dim=1)
+        for rows, grid in source_grid_groups(batch["image_latents_grid"]):
+            hidden = with_source_tokens(x, batch["image_latents"], rows, grid)
             prompt = _embeds(_select(batch, rows, "prompt_embeds"), "prompt_embeds")
             negative = None
             if spec.uses_cfg:

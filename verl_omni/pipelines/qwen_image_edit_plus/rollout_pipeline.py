@@ -8,11 +8,11 @@ from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit_plus import 
     QwenImageEditPlusPipeline,
 )
 
-from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import EditRolloutMixin
+from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import QwenImageEditRolloutMixin
 from verl_omni.pipelines.qwen_image_edit.rollout_request import picture_ids
 
 
-class QwenImageEditPlusLogProbPipeline(EditRolloutMixin, QwenImageEditPlusPipeline):
+class QwenImageEditPlusLogProbPipeline(QwenImageEditRolloutMixin, QwenImageEditPlusPipeline):
     """Qwen-Image-Edit Plus rollout pipeline: token ids and 1 to 4 source images in; images, trajectories out."""
 
     max_source_images = MAX_QWEN_IMAGE_EDIT_PLUS_INPUT_IMAGES

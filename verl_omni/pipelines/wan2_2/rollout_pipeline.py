@@ -39,6 +39,10 @@ from verl_omni.pipelines.wan2_2.training_adapter import (
     padded_text,
 )
 
+# videos per VAE decode call: the Wan2.2 VAE decoding 8 videos of 832×480×33 at once asked for more than an 80 GB
+# H100 had beside the 5B transformer (out of memory in the decode, docs/perf/gpu.md "Wan2.2"), while 4 fit
+VAE_DECODE_CHUNK = 2
+
 
 class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
     """Wan2.2 text-to-video rollout pipeline: token ids in; videos, SDE trajectories and log-probs out."""
@@ -126,7 +130,12 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
                 attention_kwargs={},
             )
         self._current_timestep = None
-        videos = self.vae.decode(self._denormalize(latents), return_dict=False)[0]
+        videos = torch.cat(
+            [
+                self.vae.decode(chunk, return_dict=False)[0]
+                for chunk in self._denormalize(latents).split(VAE_DECODE_CHUNK)
+            ]
+        )
         return self.rollout_outputs(recorder, videos, cond, packed=True)
 
     def _boundary_timestep(self) -> float | None:

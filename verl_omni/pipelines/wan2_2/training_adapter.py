@@ -31,6 +31,8 @@ TEXT_LENGTH = 512
 DEFAULT_FLOW_SHIFT = 5.0
 # the scheduler's timestep range: an expert boundary ratio r is the timestep 1000·r
 NUM_TRAIN_TIMESTEPS = 1000
+# the A14B's experts: the pipeline's components, the trained module's attributes and the LoRA names' first part
+EXPERTS = ("transformer", "transformer_2")
 
 
 def flow_shift(model_path: str | Path) -> float:
@@ -123,21 +125,15 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
         return velocity
 
 
-class WanExperts(torch.nn.Module):
-    """The A14B's experts as one module: ``transformer`` denoises t >= the boundary, ``transformer_2`` below it."""
-
-    def __init__(self, transformer: torch.nn.Module, transformer_2: torch.nn.Module):
-        super().__init__()
-        self.transformer, self.transformer_2 = transformer, transformer_2
-
-
 class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
     """Wan2.2 T2V-A14B (two experts, Wan2.1's 8x VAE): found by :meth:`Wan22TrainingAdapter.for_checkpoint`.
 
     A recorded step is replayed by the expert that sampled it: ``transformer`` when its timestep is at least
-    ``boundary_ratio · 1000``, ``transformer_2`` below (vLLM-Omni's ``Wan22Pipeline.diffuse`` rule). Rollout and replay
-    only: LoRA and FSDP over both experts and their sync probe are not built, so no algorithm is served yet (a
-    training config is refused before Ray, docs/models.md "Video models").
+    ``boundary_ratio · 1000``, ``transformer_2`` below (vLLM-Omni's ``Wan22Pipeline.diffuse`` rule). The training
+    module is :class:`WanExperts`: one LoRA config on both experts, one FSDP2 root over both (each expert's blocks a
+    unit), LoRA tensors named ``transformer.…`` / ``transformer_2.…`` end to end: the rollout's LoRA manager looks
+    its layers up by those full names first (both components are in its default list), and the checkpoint writes
+    one diffusers file per expert (``lora_components``). Full fine-tuning is not built (no full-weight sync).
     """
 
     # 8 pixels per latent cell (Wan2.1's VAE, no patchify) x 2x2 transformer patches
@@ -145,7 +141,9 @@ class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
     # the released T2V-A14B's model_index.json
     boundary_ratio = 0.875
     default_true_cfg_scale = 4.0
-    algorithms = ()
+    lora_components = EXPERTS
+    # the full-weight sync sends one component's tensors: the experts' LoRA only (full fine-tuning is refused)
+    rollout_weight_prefix = None
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[Wan22TrainingAdapter]:
@@ -155,11 +153,11 @@ class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
     def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
         import diffusers
 
+        from verl_omni.pipelines.wan2_2.experts import WanExperts
+
         load = getattr(diffusers, cls.transformer_class).from_pretrained
         root = Path(model_path)
-        return WanExperts(
-            load(root / "transformer", torch_dtype=dtype), load(root / "transformer_2", torch_dtype=dtype)
-        )
+        return WanExperts(*(load(root / expert, torch_dtype=dtype) for expert in EXPERTS))
 
     @classmethod
     def high_noise(cls, timesteps: torch.Tensor) -> torch.Tensor:
@@ -168,15 +166,31 @@ class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
 
     @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
-        """The one-transformer velocity, each sample's from the expert that sampled its step ``step``."""
+        """The one-transformer velocity, each sample's from the expert that sampled its step ``step``.
+
+        An expert that no local sample needs but another rank's does runs on this rank's first sample, its output
+        joining the graph times 0 (:func:`agreed_experts`).
+        """
+        from verl_omni.pipelines.wan2_2.experts import WanExperts, agreed_experts
+
         high = cls.high_noise(batch["all_timesteps"][:, step])
+        masks = (high, ~high)
         keys = [k for k in ("all_latents", "all_timesteps", *cls.recorded_keys()) if k in batch.keys()]
-        velocity = None
-        for expert, rows in ((module.transformer, high), (module.transformer_2, ~high)):
-            if not bool(rows.any()):
+        runs = agreed_experts([bool(rows.any()) for rows in masks], high.device)
+        velocity, idle = None, []
+        for expert, rows, run in zip(EXPERTS, masks, runs, strict=True):
+            if not run:
                 continue
-            part = super().step_velocity(expert, {k: batch[k][rows] for k in keys}, step, spec, vae_scale_factor)
+            # another rank's samples need this expert: run it on the first sample, weight 0
+            part_rows = rows if bool(rows.any()) else torch.arange(len(rows), device=rows.device) == 0
+            call = WanExperts.caller(module, expert)
+            part = super().step_velocity(call, {k: batch[k][part_rows] for k in keys}, step, spec, vae_scale_factor)
+            if not bool(rows.any()):
+                idle.append(part)
+                continue
             if velocity is None:
                 velocity = part.new_zeros((len(rows), *part.shape[1:]))
             velocity[rows] = part
+        for part in idle:
+            velocity = velocity + 0.0 * part.sum()
         return velocity

@@ -70,7 +70,8 @@ class Phases:
 
     Args:
         old_log_prob: the actor recomputes the old policy's replay outputs (``old_log_prob`` phase).
-        reference: the actor replays with the LoRA disabled (``ref`` phase), for a KL term.
+        reference: the actor replays the reference policy (``ref`` phase: the LoRA disabled, or with full
+            fine-tuning the frozen base copy), for a KL term.
         old_outputs: what the ``old_log_prob`` phase keeps of the old policy's replay, each stored in the
             batch as ``old_<name>`` (``log_probs`` -> ``old_log_probs``, ``prev_sample_mean`` ->
             ``old_prev_sample_mean``).

@@ -13,6 +13,9 @@ from verl.base_config import BaseConfig
 
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
+# verl's ``trainer.v1.trainer_mode`` names: sync (generate, then train) and separate_async (generation of the next
+# steps overlaps training, rollout and actor on separate devices; docs/trainer.md, separate-pools asynchronous mode)
+TRAINER_MODES = ("sync", "separate_async")
 
 
 @dataclass
@@ -50,6 +53,12 @@ class FlowGRPOTrainerConfig(BaseConfig):
             colocated mode) and put them to sleep during the actor phases; False runs them
             standalone (side by side on a shared GPU, or on their own devices).
         builtin_dir (str): where ``builtin://`` paths (tiny model, built-in prompts) are built once.
+        trainer_mode (str): ``sync`` (each step samples with the current weights, then trains) or
+            ``separate_async`` (verl's name: rollout and actor on separate devices, the generation of the
+            next steps runs while the actor trains; needs ``colocate_rollout=false``). ``docs/trainer.md``.
+        max_staleness (int): ``separate_async``: how many updates a batch's sampling weights may lag the
+            policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
+            k-1's update); also how many generations run ahead of training. Ignored by ``sync``.
     """
 
     project_name: str = "verl_omni"
@@ -74,6 +83,8 @@ class FlowGRPOTrainerConfig(BaseConfig):
     checkpoint_callback_class: str | None = None
     colocate_rollout: bool = False
     builtin_dir: str = "outputs/builtin"
+    trainer_mode: str = "sync"
+    max_staleness: int = 1
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)
@@ -89,6 +100,18 @@ class FlowGRPOTrainerConfig(BaseConfig):
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if self.total_training_steps is not None and self.total_training_steps < 1:
             raise ValueError(f"trainer.total_training_steps must be >= 1 or null, got {self.total_training_steps}")
+        if self.trainer_mode not in TRAINER_MODES:
+            raise ValueError(f"trainer.trainer_mode must be one of {TRAINER_MODES}, got {self.trainer_mode!r}")
+        if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 1:
+            raise ValueError(
+                f"trainer.max_staleness must be an integer >= 1 (1 = one step off-policy), got {self.max_staleness!r}; "
+                "for on-policy training use trainer.trainer_mode=sync"
+            )
+        if self.trainer_mode == "separate_async" and self.colocate_rollout:
+            raise ValueError(
+                "trainer.trainer_mode=separate_async runs the rollout while the actor trains, on devices of its own: "
+                "set trainer.colocate_rollout=false (or trainer.trainer_mode=sync)"
+            )
         if self.device not in (None, "cuda", "cpu"):
             raise ValueError(f"trainer.device must be 'cuda', 'cpu' or null (auto), got {self.device!r}")
         if self.resume_mode not in RESUME_MODES:

@@ -93,13 +93,11 @@ def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
 
 def _check_phases(configs: FlowGRPOConfigs) -> None:
     configs.algorithm_cls.check(configs)
-    if configs.actor.kl_beta > 0 and configs.model.lora.rank == 0:
+    if configs.model.lora.rank == 0 and configs.model.adapter.rollout_weight_prefix is None:
         raise ValueError(
-            "actor_rollout_ref.actor.kl_beta > 0 needs a LoRA (actor_rollout_ref.model.lora.rank > 0): "
-            "the reference is the model with the LoRA disabled"
+            f"actor_rollout_ref.model.lora.rank=0 (full fine-tuning) needs a full-weight sync to the rollout, which "
+            f"{configs.model.adapter.__name__} ({configs.model.path}) does not have yet: train a LoRA (rank > 0)"
         )
-    if configs.model.lora.rank == 0:
-        raise ValueError("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) is not supported by the trainer yet")
 
 
 def _check_model(configs: FlowGRPOConfigs) -> None:
@@ -124,6 +122,24 @@ def _check_model(configs: FlowGRPOConfigs) -> None:
             f"{adapter.rollout_dtype} on every device, so its log-probs differ from the actor's by more than the "
             "clip range allows (docs/bagel.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
             "actor recomputes log pi_old"
+        )
+
+
+def _check_mode(configs: FlowGRPOConfigs) -> None:
+    """``separate_async``: the ratio's denominator is the sampling policy's log-prob, which the rollout records."""
+    if configs.trainer.trainer_mode != "separate_async":
+        return
+    algorithm = configs.algorithm_cls
+    if not algorithm.uses_log_probs or algorithm.old_policy_adapter:
+        raise ValueError(
+            f"trainer.trainer_mode=separate_async needs an algorithm whose ratio divides by the sampling policy's "
+            f"log-prob (e.g. algorithm=flow_grpo); algorithm={configs.algorithm.name} keeps its own old policy"
+        )
+    if not configs.actor.use_rollout_log_probs:
+        raise ValueError(
+            "trainer.trainer_mode=separate_async trains on samples of earlier weights: set "
+            "actor_rollout_ref.actor.use_rollout_log_probs=true so the ratio divides by the log-prob of the weights "
+            "that sampled (the actor's recompute of those weights is logged as old_log_prob/rollout_diff_max)"
         )
 
 
@@ -160,4 +176,5 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_batches(config, configs)
     _check_phases(configs)
     _check_model(configs)
+    _check_mode(configs)
     return configs

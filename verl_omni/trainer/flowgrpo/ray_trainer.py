@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -94,6 +95,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
         self.global_steps = 0
+        # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
+        self._actor_init = None
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -103,14 +106,12 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self._check_device_layout()
         self._init_tokenizer()
         self._init_dataloader()
-        self._init_actor()
-        self._init_reward()
-        self._init_rollout()
+        self._start_workers()
         self._load_checkpoint()
         _restore_info_logging()
 
     def on_init_end(self):
-        """A resumed actor's LoRA goes to the rollout before the first step."""
+        """A resumed actor's weights go to the rollout before the first step."""
         if self.global_steps > 0:
             self._sync_weights({})
 
@@ -173,28 +174,70 @@ class RayFlowGRPOTrainer(PPOTrainer):
             self.total_training_steps,
         )
 
+    def _start_workers(self):
+        """The actor, reward, rollout and agent-loop workers, started side by side where nothing orders them.
+
+        Every worker process imports torch and verl before it does anything: tens of seconds each on a busy
+        2-core machine, one after the other when each start waited for the last (docs/development.md,
+        "Suite time"). Here the actor's ranks load the model while the replicas start, and the agent-loop
+        workers start with the replicas (``_init_rollout``). A standalone rollout needs nothing of the
+        actor, so the actor's worker group (whose creation waits for its rank 0) starts in a thread beside
+        it; a colocated one needs the group, and on accelerators the loaded model too (vLLM sizes its
+        memory from what the actor left free). Reward workers in the actor's bundles, or on GPUs of their own
+        (counted from what the actor's placement left), wait for the actor's worker group.
+        """
+        # the pool object only (its placement groups come with the worker group): the reward manager takes it
+        self.resource_pool = self._actor_resource_pool()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor_start") as pool:
+            actor = None if self.colocate else pool.submit(self._init_actor)
+            if actor is None:
+                self._init_actor()
+                if self.device != "cpu":
+                    self._actor_loaded()
+            elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
+                actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
+            self._init_reward()
+            self._init_rollout()
+            if actor is not None:
+                actor.result()
+        self._actor_loaded()
+
+    def _actor_loaded(self) -> None:
+        """Wait for the actor's ``init_model`` (started by ``_init_actor``); raises its error."""
+        if self._actor_init is not None:
+            refs, self._actor_init = self._actor_init, None
+            ray.get(refs)
+
+    def _actor_resource_pool(self):
+        """The actor's devices: ``trainer.n_gpus_per_node`` on each of ``trainer.nnodes`` nodes."""
+        from verl.single_controller.ray import RayResourcePool
+
+        trainer = self.configs.trainer
+        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (DESIGN.md §6)
+        colocate_count = {"max_colocate_count": 1} if self.device == "cpu" else {}
+        return RayResourcePool(
+            [trainer.n_gpus_per_node] * trainer.nnodes,
+            use_gpu=self.device == "cuda",
+            name_prefix="flowgrpo_actor",
+            **colocate_count,
+        )
+
     def _init_actor(self):
-        """The actor (and its reference: the LoRA disabled) as a worker group over the actor's devices."""
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        """The actor (and its reference: the LoRA disabled, or a frozen copy) as a worker group over the actor's devices.
+
+        The ranks' ``init_model`` is started, not waited for (``_actor_loaded``)."""
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
         from verl.workers.config import TrainingWorkerConfig
 
         from verl_omni.workers.engine_workers import DiffusionActorWorker
 
-        actor, trainer = self.configs.actor, self.configs.trainer
+        actor = self.configs.actor
         worker_config = TrainingWorkerConfig(
             model_type="diffusion_model",
             model_config=self.configs.model,
             engine_config=actor.engine,
             optimizer_config=replace(actor.optim, total_training_steps=self.total_training_steps),
             checkpoint_config=actor.checkpoint,
-        )
-        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (DESIGN.md §6)
-        colocate_count = {"max_colocate_count": 1} if self.device == "cpu" else {}
-        self.resource_pool = RayResourcePool(
-            [trainer.n_gpus_per_node] * trainer.nnodes,
-            use_gpu=self.device == "cuda",
-            name_prefix="flowgrpo_actor",
-            **colocate_count,
         )
         worker_cls = RayClassWithInitArgs(
             cls=ray.remote(DiffusionActorWorker),
@@ -204,7 +247,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         )
         # verl's checkpoint code calls the actor's worker group ``actor_rollout_wg``
         self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, device_name=self.device)
-        self.actor_rollout_wg.init_model()
+        # init_model is ONE_TO_ALL: the same call on every rank
+        self._actor_init = self.actor_rollout_wg.execute_all_async("init_model")
 
     def _init_reward(self):
         from verl_omni.reward_loop import DiffusionRewardLoopManager
@@ -213,17 +257,21 @@ class RayFlowGRPOTrainer(PPOTrainer):
         self.reward_loop_manager = DiffusionRewardLoopManager(self.config, rm_resource_pool=self.resource_pool)
 
     def _init_rollout(self):
-        """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them."""
+        """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them.
+
+        The balancer starts empty so that the agent-loop workers (on its client) start while the replicas
+        do; the replicas join it when up."""
         from verl_omni.agent_loop import DiffusionAgentLoopManager
         from verl_omni.workers.rollout.llm_server import OmniLLMServerManager
 
         worker_group = self.actor_rollout_wg if self.colocate else None
-        self.llm_server_manager = OmniLLMServerManager.create(self.config, worker_group=worker_group)
-        # transformer batches each replica had run when last asked (rollout/requests_per_engine_batch)
-        self._engine_batches_seen = [0] * len(self.llm_server_manager.server_handles)
+        self.llm_server_manager = OmniLLMServerManager.create_empty(self.config, worker_group=worker_group)
         self.agent_loop_manager = DiffusionAgentLoopManager.create(
             self.config, self.get_llm_client(), reward_loop_worker_handles=self.get_reward_handles()
         )
+        self.llm_server_manager.launch_replicas()
+        # transformer batches each replica had run when last asked (rollout/requests_per_engine_batch)
+        self._engine_batches_seen = [0] * len(self.llm_server_manager.server_handles)
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -277,27 +325,27 @@ class RayFlowGRPOTrainer(PPOTrainer):
         # 6. the algorithm's advantages
         with self._phase("adv", timing_raw):
             batch = self._compute_advantage(batch, metrics)
-        # 7. the algorithm's update of the LoRA
+        # 7. the algorithm's update of the LoRA (or the full transformer)
         with self._phase("update_actor", timing_raw):
             batch = self._update_actor(batch, metrics)
-        # 8. the new LoRA to every rollout replica
+        # 8. the new weights to every rollout replica
         with self._phase("sync", timing_raw):
             self._sync_weights(metrics)
         return batch
 
     # ---- phases ----------------------------------------------------------------------------
 
-    def _prompt_batch(self, batch_dict: dict, repeat: int, validate: bool) -> DataProto:
-        """A DataProto of prompts, one ``uid`` per prompt (deterministic: resumes reproduce routing)."""
+    def _prompt_batch(self, batch_dict: dict, repeat: int, validate: bool, step: int | None = None) -> DataProto:
+        """A DataProto of prompts for ``step`` (default: this one), one ``uid`` per prompt (deterministic:
+        resumes reproduce routing)."""
+        step = self.global_steps if step is None else step
         batch = DataProto.from_single_dict(batch_dict)
         prefix = "val" if validate else "train"
-        batch.non_tensor_batch["uid"] = np.array(
-            [f"{prefix}-{self.global_steps}-{i}" for i in range(len(batch))], dtype=object
-        )
+        batch.non_tensor_batch["uid"] = np.array([f"{prefix}-{step}-{i}" for i in range(len(batch))], dtype=object)
         batch = batch.repeat(repeat_times=repeat, interleave=True)
         # the rollout seeds each row from (rollout.seed, global_steps, row): validation always passes
         # step 0, so every validation draws the same noise and its grids compare across training
-        batch.meta_info.update(global_steps=0 if validate else self.global_steps, validate=validate)
+        batch.meta_info.update(global_steps=0 if validate else step, validate=validate)
         return batch
 
     def _generate(self, batch: DataProto, metrics: dict) -> DataProto:
@@ -326,14 +374,18 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch.union(scored)
 
     def _compute_old_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
-        (request := self._actor_input(batch)).meta_info["old_outputs"] = self.old_outputs
-        old = self.actor_rollout_wg.compute_log_prob(request).batch
+        old = self.actor_rollout_wg.compute_log_prob(self._old_policy_request(batch)).batch
         batch.batch.update(old)
         if "rollout_log_probs" in batch.batch.keys():
             # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
             diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
             metrics["old_log_prob/rollout_diff_max"] = diff
         return batch
+
+    def _old_policy_request(self, batch: DataProto) -> DataProto:
+        """The actor's input for the old policy's replay: the current weights, the ones that sampled the batch."""
+        (request := self._actor_input(batch)).meta_info["old_outputs"] = self.old_outputs
+        return request
 
     def _compute_ref_log_prob(self, batch: DataProto, metrics: dict) -> DataProto:
         out = self.actor_rollout_wg.compute_ref_log_prob(self._actor_input(batch))
@@ -374,13 +426,20 @@ class RayFlowGRPOTrainer(PPOTrainer):
         return batch
 
     def _sync_weights(self, metrics: dict) -> None:
-        """Push the actor's LoRA tensors to every replica in memory; each must bind them (or this raises)."""
-        from verl_omni.workers.rollout.weight_sync import push_lora_to_replicas
+        """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
+        each replica binding them; with full fine-tuning the transformer in checksummed buckets (``weight_sync``)."""
+        from verl_omni.workers.rollout import weight_sync
 
         if self.colocate:
             self._call_servers("wake_up")
+        servers = self.llm_server_manager.server_handles
+        if self.configs.model.lora.rank == 0:
+            bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
+            sync = weight_sync.push_full_weights(self.actor_rollout_wg, servers, self.global_steps, bucket_bytes)
+            metrics.update(asyncio.run(sync))
+            return
         tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
-        bound = asyncio.run(push_lora_to_replicas(self.llm_server_manager.server_handles, peft_config, tensors))
+        bound = asyncio.run(weight_sync.push_lora_to_replicas(servers, peft_config, tensors))
         metrics["sync/lora_modules_bound_min"] = min(bound)
 
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
@@ -415,11 +474,11 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
     def _save_videos(self, videos: torch.Tensor) -> None:
         """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
-        by side), at the model's frame rate, and to the video-capable trackers."""
+        by side), at the model's frame rate, and to the video-capable trackers (wandb: the mp4s; tensorboard: GIFs)."""
         folder = self.local_dir / "images" / f"val_step_{self.global_steps}"
         fps = self.configs.model.adapter.video_fps
         paths = [write_mp4(video, folder / f"sample_{i}.mp4", fps) for i, video in enumerate(videos)]
-        log_videos(self.tracker, "val/videos", paths, fps, self.global_steps)
+        log_videos(self.tracker, "val/videos", videos, paths, fps, self.global_steps)
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})
@@ -489,7 +548,7 @@ class RayFlowGRPOTrainer(PPOTrainer):
         partial = self.run_dir.begin_checkpoint(self.global_steps)
         # blocks until every rank has written its files
         self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, self.global_steps)
-        torch.save(self.train_dataloader.state_dict(), partial / "data.pt")
+        torch.save(self._dataloader_state(), partial / "data.pt")
         path = self.run_dir.commit_checkpoint(self.global_steps, keep=self.configs.trainer.max_actor_ckpt_to_keep)
         logger.info("checkpoint of step %d complete: %s", self.global_steps, path)
         self.checkpoint_callback.on_save(
@@ -509,6 +568,10 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
     def _call_servers(self, method: str) -> None:
         ray.get([getattr(server, method).remote() for server in self.llm_server_manager.server_handles])
+
+    def _dataloader_state(self) -> dict:
+        """The dataloader's position after this step's batch (what a resume continues from)."""
+        return self.train_dataloader.state_dict()
 
     def _train_batches(self):
         """Training batches across epochs; the dataloader's state (saved in checkpoints) resumes mid-epoch."""

@@ -2,14 +2,14 @@
 
 At the end of ``fit`` (and on Ctrl-C) the trainer calls :func:`write_summary`. It reads
 ``metrics.jsonl`` (one ``{"step": N, "data": {...}}`` line per step, verl's file backend), the
-image grids under ``images/`` and the checkpoints ``global_step_<N>/actor/lora``, and writes next
-to ``metrics.jsonl``:
+image grids under ``images/`` and the checkpoints ``global_step_<N>/actor/lora`` (full fine-tuning:
+``global_step_<N>/actor/transformer``), and writes next to ``metrics.jsonl``:
 
 * ``reward_curve.png``: training ``critic/score/mean`` and validation ``val/score/mean`` per step
   (drawn with PIL: matplotlib is not a dependency);
 * ``summary.txt``: the algorithm run (its title: ``DanceGRPO run finished``), steps done, wall time,
-  validation score first → last, where the metrics, grids and final LoRA are, and the lines that load that LoRA in diffusers (the model adapter's
-  ``lora_file_pipeline``). The same text is logged.
+  validation score first → last, where the metrics, grids and final LoRA (or trained transformer) are, and the
+  lines that load it in diffusers (the model adapter's ``lora_file_pipeline``). The same text is logged.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from verl_omni.workers.engine.fsdp.checkpoint import LORA_DIR, LORA_WEIGHT_NAME
+from verl_omni.workers.engine.fsdp.checkpoint import LORA_DIR, LORA_WEIGHT_NAME, TRANSFORMER_DIR, lora_load_calls
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -35,8 +35,12 @@ CURVE_FILE = "reward_curve.png"
 SUMMARY_FILE = "summary.txt"
 # the LoRA under global_step_<N>: verl's trainer saves the actor in actor/, the engine its LoRA in LORA_DIR
 LORA_SUBDIR = Path("actor") / LORA_DIR
+# full fine-tuning's checkpoint: the transformer's save_pretrained directory
+TRANSFORMER_SUBDIR = Path("actor") / TRANSFORMER_DIR
 # the header line above the code that loads the LoRA (tests find the code by it)
 DIFFUSERS_HEADER = "load the final LoRA in diffusers:"
+# the same for the trained transformer of a full fine-tuning run
+TRANSFORMER_HEADER = "load the final transformer in diffusers:"
 
 
 @dataclass(frozen=True)
@@ -67,24 +71,47 @@ def read_run(metrics_file: Path) -> RunRecord:
     return RunRecord(train=train, val=val)
 
 
-def final_lora(run_dir: Path) -> Path | None:
-    """The LoRA directory of the newest complete checkpoint (``run_dir.complete_steps``: a save cut off is not one)."""
+def _final(run_dir: Path, subdir: Path, marker: str) -> Path | None:
+    """``subdir`` of the newest complete checkpoint holding ``subdir / marker`` (``run_dir.complete_steps``: a save
+    cut off is not one)."""
     from verl_omni.trainer.flowgrpo.run_dir import complete_steps, step_dir
 
-    steps = [
-        step for step in complete_steps(run_dir) if (step_dir(run_dir, step) / LORA_SUBDIR / LORA_WEIGHT_NAME).is_file()
-    ]
-    return step_dir(run_dir, max(steps)) / LORA_SUBDIR if steps else None
+    steps = [step for step in complete_steps(run_dir) if (step_dir(run_dir, step) / subdir / marker).is_file()]
+    return step_dir(run_dir, max(steps)) / subdir if steps else None
+
+
+def final_lora(run_dir: Path) -> Path | None:
+    """The LoRA directory of the newest complete checkpoint."""
+    return _final(run_dir, LORA_SUBDIR, LORA_WEIGHT_NAME)
+
+
+def final_transformer(run_dir: Path) -> Path | None:
+    """The transformer directory (``save_pretrained``) of the newest complete checkpoint of a full fine-tuning run."""
+    return _final(run_dir, TRANSFORMER_SUBDIR, "config.json")
 
 
 def diffusers_lines(pipeline: str | None, model_path: str, lora: Path | None) -> list[str]:
     """Python that loads ``lora`` onto the base model with ``pipeline`` (none when either is missing)."""
     if pipeline is None or lora is None:
         return []
+    lines = [f"from diffusers import {pipeline}", f"pipe = {pipeline}.from_pretrained({str(model_path)!r})"]
+    # one call per LoRA file (a two-expert model's second file goes into its transformer_2)
+    for kwargs in lora_load_calls(lora):
+        args = "".join(f", {key}={value!r}" for key, value in kwargs.items())
+        lines.append(f"pipe.load_lora_weights({str(lora)!r}{args})")
+    return lines
+
+
+def transformer_lines(pipeline: str | None, model_path: str, transformer: Path) -> list[str]:
+    """Python that loads the trained ``transformer`` directory into the base model's ``pipeline`` (none without one);
+    the transformer's class is the one its ``config.json`` names."""
+    if pipeline is None:
+        return []
+    cls = json.loads((transformer / "config.json").read_text())["_class_name"]
     return [
-        f"from diffusers import {pipeline}",
-        f"pipe = {pipeline}.from_pretrained({str(model_path)!r})",
-        f"pipe.load_lora_weights({str(lora)!r})",
+        f"from diffusers import {cls}, {pipeline}",
+        f"transformer = {cls}.from_pretrained({str(transformer)!r})",
+        f"pipe = {pipeline}.from_pretrained({str(model_path)!r}, transformer=transformer)",
     ]
 
 
@@ -116,11 +143,15 @@ def summary_text(
     grids = sorted((run_dir / "images").glob("val_step_*.png"), key=lambda p: int(re.sub(r"\D", "", p.name) or 0))
     if grids:
         lines.append(f"  image grids: {run_dir / 'images'} ({grids[0].name} ... {grids[-1].name})")
-    lora = final_lora(run_dir)
-    lines.append(f"  final LoRA: {lora}" if lora else "  final LoRA: none saved (trainer.save_freq <= 0?)")
-    code = diffusers_lines(pipeline, model_path, lora)
+    lora, transformer = final_lora(run_dir), final_transformer(run_dir)
+    if transformer and not lora:
+        lines.append(f"  final transformer: {transformer}")
+        header, code = TRANSFORMER_HEADER, transformer_lines(pipeline, model_path, transformer)
+    else:
+        lines.append(f"  final LoRA: {lora}" if lora else "  final LoRA: none saved (trainer.save_freq <= 0?)")
+        header, code = DIFFUSERS_HEADER, diffusers_lines(pipeline, model_path, lora)
     if code:
-        lines.append(f"  {DIFFUSERS_HEADER}")
+        lines.append(f"  {header}")
         lines.extend(f"    {line}" for line in code)
     return "\n".join(lines)
 

@@ -1,7 +1,7 @@
 """The actor's phases on a ``DiffusersFSDPEngine`` (cf. verl's ``DataParallelPPOActor``), for any algorithm.
 
-``compute_log_prob`` (old policy, no grad), ``compute_ref_prev_sample_mean`` (the same weights
-with the LoRA disabled) and ``update_policy`` (``ppo_epochs`` × mini-batches, one optimizer step
+``compute_log_prob`` (old policy, no grad), ``compute_ref_prev_sample_mean`` (the reference: the
+same weights with the LoRA disabled, or full fine-tuning's frozen base copy) and ``update_policy`` (``ppo_epochs`` × mini-batches, one optimizer step
 per mini-batch, gradients accumulated over micro-batches × replayed steps inside the engine).
 The loss and the rollout record are the algorithm's (``algorithm=<name>``); every metric the loss
 returns is reduced with the reduction it declares (``AlgorithmLoss.metric_reductions``, mean when
@@ -67,9 +67,9 @@ class DiffusionActor:
         """Replay without grad: the replay's outputs per recorded step, fp32 (an SDE window: ``log_probs``
         ``[B, W]`` and ``prev_sample_mean`` ``[B, W, N, C]``).
 
-        With ``reference=True`` the LoRA is disabled: the base model, i.e. the reference policy.
+        With ``reference=True`` the reference policy replays (the LoRA disabled, or full fine-tuning's frozen copy).
         """
-        with self.engine.eval_mode(), self.engine.disable_adapter() if reference else nullcontext():
+        with self.engine.eval_mode(), self.engine.reference_policy() if reference else nullcontext():
             out = self.engine.infer_batch(self._prepare(data, spec))
         out.pop("metrics", None)
         return out
@@ -79,7 +79,7 @@ class DiffusionActor:
         return self.infer(data, spec)["log_probs"]
 
     def compute_ref_prev_sample_mean(self, data: TensorDict, spec: SamplingSpec) -> torch.Tensor:
-        """μ_ref of every recorded transition (LoRA disabled), ``[B, W, N, C]`` fp32."""
+        """μ_ref of every recorded transition (the reference policy), ``[B, W, N, C]`` fp32."""
         return self.infer(data, spec, reference=True)["prev_sample_mean"]
 
     def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:

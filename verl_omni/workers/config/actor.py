@@ -26,7 +26,8 @@ class DiffusionActorConfig(BaseConfig):
         shuffle (bool): shuffle samples between epochs (seeded by ``seed`` and the epoch).
         clip_ratio (float): ε of the ratio clip of the clipped-ratio algorithms (1e-4 with ``sde`` in
             Flow-GRPO); the loss itself is the algorithm's (``algorithm=<name>``, ``docs/algorithms.md``).
-        kl_beta (float): β of the KL to the reference (LoRA disabled); 0 skips the reference.
+        kl_beta (float): β of the KL to the reference (LoRA disabled; full fine-tuning: a frozen copy of the
+            base transformer, one more sharded weight copy); 0 skips the reference.
         seed (int): shuffling seed.
         use_rollout_log_probs (bool): take log π_old from the rollout's ``rollout_log_probs``
             instead of recomputing it with the actor (skips the ``old_log_prob`` phase). Valid
@@ -34,8 +35,8 @@ class DiffusionActorConfig(BaseConfig):
             step); the two agree to numerics (``docs/actor.md``).
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
-        checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA and
-            exact-resume state, ``docs/actor.md``).
+        checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
+            transformer, and exact-resume state, ``docs/actor.md``).
     """
 
     ppo_mini_batch_size: int = 8

@@ -24,14 +24,18 @@ class DiffusionLoraConfig(BaseConfig):
     """LoRA on the diffusion transformer (``model.lora``).
 
     Args:
-        rank (int): LoRA rank r; 0 trains the full transformer (then no KL reference is available).
+        rank (int): LoRA rank r; 0 is full fine-tuning: every transformer parameter trains, sharded with its
+            gradients and optimizer state over the actor ranks, and the rollout gets full weights in checked
+            buckets (``docs/actor.md``, full fine-tuning); a KL term (``actor.kl_beta > 0``) then keeps a frozen
+            copy of the base transformer as the reference.
         alpha (int): LoRA alpha; the update is scaled by alpha / r.
         target_modules (list[str] | None): module names to adapt; None takes the adapter's
             ``lora_target_modules`` (the architecture's usual choice).
         init_lora_weights (bool | str): peft init; True (B = 0, the policy starts as the base model),
             ``"gaussian"``, or False (random B, for tests only).
         dropout (float): LoRA dropout; Flow-GRPO uses 0 so that replay is deterministic.
-        merge (bool): export merged weights instead of LoRA tensors to the rollout (verl's ``lora.merge``).
+        merge (bool): export merged weights instead of LoRA tensors to the rollout (verl's ``lora.merge``); not
+            implemented, must stay false.
     """
 
     rank: int = 32
@@ -52,6 +56,11 @@ class DiffusionLoraConfig(BaseConfig):
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
+        if self.merge:
+            raise ValueError(
+                "model.lora.merge=true is not implemented: the rollout gets the LoRA as an adapter (rank > 0) or "
+                "full weights (rank = 0); set it false"
+            )
 
 
 @dataclass

@@ -83,6 +83,8 @@ class DiffusionRolloutConfig(RolloutConfig):
         generation_timeout_s (float): seconds one engine request (one prompt group, or one sample) may take
             before it is aborted and the step fails naming it; raise it for long videos. Default 1800.
         seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
+        checkpoint_engine (CheckpointEngineConfig): (verl's node) only ``update_weights_bucket_megabytes`` is read:
+            the bucket bound of full fine-tuning's weight sync (``workers/rollout/weight_buckets.py``). Default 2048.
     """
 
     name: str = "vllm_omni"
@@ -146,6 +148,12 @@ class DiffusionRolloutConfig(RolloutConfig):
             raise ValueError(f"{ENGINE_START_TIMEOUT_KEY} must be > 0 seconds, got {self.engine_start_timeout_s}")
         if not self.generation_timeout_s > 0:
             raise ValueError(f"{GENERATION_TIMEOUT_KEY} must be > 0 seconds, got {self.generation_timeout_s}")
+        bucket_mb = self.checkpoint_engine.update_weights_bucket_megabytes
+        if not isinstance(bucket_mb, int) or bucket_mb < 1:
+            raise ValueError(
+                f"{KEY}.checkpoint_engine.update_weights_bucket_megabytes must be an integer >= 1 (MB per bucket of "
+                f"the full-weight sync), got {bucket_mb!r}"
+            )
 
     def sampling_spec(self, validate: bool = False, adapter=None, model: str = "") -> SamplingSpec:
         """The :class:`SamplingSpec` of training (``validate=False``) or validation rollouts (``val_noise_level``):

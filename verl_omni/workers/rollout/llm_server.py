@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.ray_utils import auto_await
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 
 from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer, RolloutServerRoutingConfig
@@ -116,6 +117,12 @@ class OmniLLMServerManager(LLMServerManager):
     no worker group is given; on a machine without GPUs no GPU is asked from Ray) and the balancer.
     ``server_handles`` lists the server actors (LoRA pushes go to each), ``get_client()`` returns an
     :class:`OmniLLMServerClient`.
+
+    In two parts (the trainer's order): ``create_empty(config, worker_group=None)`` starts the balancer with no
+    replica, so that the agent-loop workers can start on its client, then :meth:`launch_replicas` starts the
+    replicas and adds them to the balancer. Each worker process imports torch and verl (tens of seconds on
+    a busy 2-core machine): this way the agent-loop workers' start overlaps the engines' instead of
+    following it (docs/development.md, "Suite time").
     """
 
     def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank: int = 0):
@@ -131,16 +138,30 @@ class OmniLLMServerManager(LLMServerManager):
     async def _init_global_load_balancer(self) -> None:
         """One balancer actor with the configured policy (verl's factory would pass only the servers)."""
         self.global_load_balancer = self.new_load_balancer(self.routing.policy)
+        if self.server_handles:
+            logger.info("%d rollout replicas behind policy %s", len(self.server_handles), self.routing.policy)
+
+    @auto_await
+    async def launch_replicas(self) -> None:
+        """Start the replicas of a manager made by ``create_empty`` and add them to its balancer."""
+        if self.server_handles:
+            raise RuntimeError("launch_replicas() is for a manager made by create_empty(); this one has replicas")
+        await self._initialize_llm_servers()
+        await self.global_load_balancer.add_servers.remote(self._servers())
         logger.info("%d rollout replicas behind policy %s", len(self.server_handles), self.routing.policy)
+
+    def _servers(self) -> dict:
+        """``{address: server actor}`` of the replicas; addresses must tell them apart."""
+        servers = dict(zip(self.server_addresses, self.server_handles, strict=True))
+        if len(servers) != len(self.server_handles):
+            raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
+        return servers
 
     def new_load_balancer(self, policy: str):
         """A new balancer actor over this manager's replicas with ``policy`` (the shared one is
         ``global_load_balancer``; a second one lets a benchmark route the same replicas another way)."""
-        servers = dict(zip(self.server_addresses, self.server_handles, strict=True))
-        if len(servers) != len(self.server_handles):
-            raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
         return ray.remote(OmniRequestLoadBalancer).remote(
-            servers=servers, max_cache_size=self.routing.max_cache_size, policy=policy
+            servers=self._servers(), max_cache_size=self.routing.max_cache_size, policy=policy
         )
 
     def get_client(self, client_cls: type[LLMServerClient] | None = None, **kwargs) -> OmniLLMServerClient:

@@ -1,15 +1,24 @@
-"""Pushing the trained LoRA to every rollout replica, in memory, and checking each one bound it.
+"""Pushing the trained weights to every rollout replica, in memory, and checking each one took them.
 
-The actor exports ``(tensors, peft_config)`` (``DiffusionActorWorker.get_lora_params``); every
+LoRA: the actor exports ``(tensors, peft_config)`` (``DiffusionActorWorker.get_lora_params``); every
 replica's server loads them as a new in-memory adapter and its probe returns how many modules the
 adapter binds. A replica whose adapter binds nothing would keep sampling from the old policy while
 every training metric looks healthy, so any failure fails the sync, naming the replica.
+
+Full fine-tuning: the transformer travels in size-bounded, checksummed buckets
+(:mod:`~verl_omni.workers.rollout.weight_buckets`). The actor ranks gather one bucket at a time; rank 0's
+bucket goes from its Ray object store entry straight to every server (shared memory on a node; the trainer
+process holds only the reference), at most two buckets in flight. Each server checks and loads it in its
+workers, and closing the sync checks that no bucket was lost and every transformer parameter was written.
+This is the CPU transport; CUDA IPC (colocated) and NCCL (separate pools) would replace the object store
+under the same buckets and checks (``docs/actor.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,4 +50,47 @@ async def push_lora_to_replicas(
             f"LoRA sync failed on rollout server {index} of {len(servers)} ({len(failed)} failed): {error}"
         ) from error
     logger.info("LoRA synced to %d rollout servers; modules bound per server: %s", len(servers), results)
+    return list(results)
+
+
+async def push_full_weights(actor_wg: Any, servers: Sequence[Any], version: int, bucket_bytes: int) -> dict[str, float]:
+    """One checked full-weight sync from the actor worker group (``DiffusionActorWorker``) to every server.
+
+    Returns the ``sync/*`` metrics: buckets, megabytes, transformer parameters written per server (the least),
+    seconds. Raises ``WeightSyncError`` (a bucket corrupted, lost or unloaded) naming the server.
+    """
+    if not servers:
+        raise ValueError("push_full_weights got no rollout servers: launch the replicas first")
+    start = time.perf_counter()
+    plan = actor_wg.weight_bucket_plan(bucket_bytes)[0]
+    await _on_all(servers, "begin_weight_sync", version, len(plan))
+    pending = actor_wg.get_weight_bucket(plan, version, 0)[0]
+    for index in range(len(plan)):
+        bucket = pending
+        # the next bucket is gathered while the servers load this one
+        pending = actor_wg.get_weight_bucket(plan, version, index + 1)[0] if index + 1 < len(plan) else None
+        await _on_all(servers, "load_weight_bucket", bucket)
+    reports = await _on_all(servers, "finish_weight_sync", version)
+    seconds = time.perf_counter() - start
+    logger.info(
+        "full weights synced to %d servers in %d buckets (%.1f s): %s", len(servers), len(plan), seconds, reports
+    )
+    return {
+        "sync/full_weight_buckets": float(len(plan)),
+        "sync/full_weight_megabytes": reports[0]["bytes"] / 2**20,
+        "sync/full_weight_params_written_min": float(min(report["params"] for report in reports)),
+        "sync/full_weight_seconds": seconds,
+    }
+
+
+async def _on_all(servers: Sequence[Any], method: str, *args) -> list[Any]:
+    """``method(*args)`` on every server at once; the first failure raised, naming the server."""
+    results = await asyncio.gather(*[getattr(s, method).remote(*args) for s in servers], return_exceptions=True)
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+    if failed:
+        index, error = failed[0]
+        raise RuntimeError(
+            f"full-weight sync ({method}) failed on rollout server {index} of {len(servers)} ({len(failed)} failed): "
+            f"{error}"
+        ) from error
     return list(results)

@@ -1,5 +1,5 @@
-"""Engine start and actor replay of the diffusers-family rollouts (SD3.5, FLUX.1, Z-Image, Wan2.2), shared by the CPU
-and GPU engine tests."""
+"""Engine start, source images and actor replay of the diffusers-family rollouts (SD3.5, FLUX.1, Z-Image, Wan2.2,
+Qwen-Image-Edit), shared by the CPU and GPU engine tests."""
 
 import torch
 
@@ -17,12 +17,44 @@ def start_engine(loop, model_path, dtype: str, size: tuple[int, int]):
     return rollout
 
 
+def random_lora_module(adapter, model_path):
+    """The adapter's training module with one random LoRA (rank 4, alpha 8) on the adapter's default targets, in
+    eval mode: what the LoRA-sync tests push to the rollout."""
+    from peft import LoraConfig
+
+    module = adapter.build_module(model_path).eval()
+    torch.manual_seed(0)
+    module.add_adapter(
+        LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
+    )
+    return module
+
+
 def tokenized_prompt(model_path, adapter, text: str) -> list[int]:
     """``text`` as the adapter's tokenizer gives it to the rollout."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path, subfolder=adapter.tokenizer_subfolder)
     return adapter.prompt_token_ids(tokenizer, text)
+
+
+def source_image(seed: int = 0, size: tuple[int, int] = (40, 24)):
+    """A random RGB source image (not square: its conditioning grid is not the output's)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def source_images(adapter, image=None) -> list | None:
+    """An editing model's source images for one request: ``image`` (default :func:`source_image`) and, for a
+    multi-image model, a second, square one; ``None`` for a model that takes none."""
+    if not adapter.max_source_images:
+        return None
+    images = [source_image() if image is None else image]
+    if adapter.max_source_images > 1:
+        images.append(source_image(2, (24, 24)))
+    return images
 
 
 def replay_log_probs(

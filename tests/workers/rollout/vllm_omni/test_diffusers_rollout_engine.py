@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (text-to-video) / Qwen-Image-Edit rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (text-to-video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers_helpers import replay_log_probs, start_engine, tokenized_prompt
+from diffusers_helpers import (
+    random_lora_module,
+    replay_log_probs,
+    source_image,
+    source_images,
+    start_engine,
+    tokenized_prompt,
+)
 
 H = W = 32
 STEPS = 4
@@ -31,7 +38,11 @@ MODELS = {
         "true_cfg_scale": 4.0,
         "model_kwargs": {"condition_area": 32 * 32, "vl_condition_area": 32 * 32},
     },
+    # the source image conditioned at its own size (40x24, a grid unlike the output's), the guidance embedded
+    "flux_kontext": {"guidance_scale": 2.5},
 }
+# the editing models whose prompt embeddings read the source image too (Qwen2.5-VL); FLUX.1-Kontext's are text only
+IMAGE_IN_PROMPT = ("qwen_image_edit", "qwen_image_edit_plus")
 
 pytestmark = pytest.mark.slow
 
@@ -73,24 +84,12 @@ def sampling(model_name, **overrides):
     return {**base, **MODELS[model_name], "seed": 7, **overrides}
 
 
-def source_image(seed: int = 0, size: tuple[int, int] = (40, 24)):
-    """A random RGB source image (not square: its conditioning grid is not the output's)."""
-    import numpy as np
-    from PIL import Image
-
-    return Image.fromarray(np.random.RandomState(seed).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8))
-
-
 def generate(loop, engine, model_name, prompt_ids, n=1, request_id="req", lora_request=None, image=None, **overrides):
     """One request; an editing model's carries ``image`` (default :func:`source_image`) and, for a multi-image
     model, a second, square source image."""
     params = sampling(model_name, **overrides)
     negative = prompt_ids["negative"] if params.get("true_cfg_scale", 1.0) > 1 else None
-    images = None
-    if engine.adapter.max_source_images:
-        images = [source_image() if image is None else image]
-        if engine.adapter.max_source_images > 1:
-            images.append(source_image(2, (24, 24)))
+    images = source_images(engine.adapter, image)
     return loop.run(
         engine.engine_call(prompt_ids["cat"], params, request_id, n, negative, lora_request, image_data=images)
     )
@@ -130,9 +129,10 @@ def test_the_source_image_changes_the_edit(loop, model_engine, model_name, promp
     (b,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-b", image=source_image(1))
     assert not torch.equal(a.diffusion_output, b.diffusion_output)
     assert not torch.equal(a.extra_fields["image_latents"], b.extra_fields["image_latents"])
-    assert not torch.equal(a.extra_fields["prompt_embeds"], b.extra_fields["prompt_embeds"])
+    same_prompt = torch.equal(a.extra_fields["prompt_embeds"], b.extra_fields["prompt_embeds"])
+    assert same_prompt == (model_name not in IMAGE_IN_PROMPT)
     params = sampling(model_name)
-    negative = prompt_ids["negative"]
+    negative = prompt_ids["negative"] if params.get("true_cfg_scale", 1.0) > 1 else None
     with pytest.raises(ValueError, match="request no-src has 0 source images"):
         loop.run(model_engine.engine_call(prompt_ids["cat"], params, "no-src", 1, negative))
 
@@ -163,20 +163,21 @@ def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tin
 # rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
 # to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
 # Wan2.2: per block, the self-attention's fused to_qkv and to_out, the cross-attention's to_q, to_k, to_v, to_out
-LORA_LAYERS = {"sd3": 9, "flux": 5, "z_image": 8, "wan2_2": 12, "qwen_image_edit": 8, "qwen_image_edit_plus": 8}
+LORA_LAYERS = {
+    "sd3": 9,
+    "flux": 5,
+    "z_image": 8,
+    "wan2_2": 12,
+    "qwen_image_edit": 8,
+    "qwen_image_edit_plus": 8,
+    "flux_kontext": 5,
+}
 
 
 @pytest.fixture(scope="module")
 def lora_module(adapter, tiny_path):
     """The adapter's diffusers transformer with a random LoRA (rank 4, alpha 8) on the adapter's default targets."""
-    from peft import LoraConfig
-
-    module = adapter.build_module(tiny_path).eval()
-    torch.manual_seed(0)
-    module.add_adapter(
-        LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
-    )
-    return module
+    return random_lora_module(adapter, tiny_path)
 
 
 @pytest.fixture(scope="module")

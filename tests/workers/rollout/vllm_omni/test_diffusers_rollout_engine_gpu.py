@@ -1,4 +1,5 @@
-"""The SD3.5 / FLUX.1 / Z-Image rollout pipelines on CUDA: vLLM-Omni in bf16 on the tiny bf16 checkpoints.
+"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
+tiny bf16 checkpoints.
 
 One engine per model (module-scoped, parametrized), as ``test_diffusers_rollout_engine.py`` runs
 them on CPU in fp32. Here the engine computes in bf16 on the GPU and the actor's side replays the
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers_helpers import replay_log_probs, start_engine, tokenized_prompt
+from diffusers_helpers import replay_log_probs, source_images, start_engine, tokenized_prompt
 
 H = W = 64
 STEPS = 6
@@ -21,7 +22,21 @@ MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
+    # a video of 5 frames (two latent frames) at 64² (2×2 transformer patches), the TI2V-5B example's CFG 5
+    "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
+    # one source image conditioned at the output's area (the stock 1024² is 16k tokens on the tiny 4x VAE)
+    "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": H * W}},
+    # two source images, each also read by the vision tower at the output's area (the stock 384²)
+    "qwen_image_edit_plus": {
+        "true_cfg_scale": 4.0,
+        "model_kwargs": {"condition_area": H * W, "vl_condition_area": H * W},
+    },
+    # one source image, FLUX's embedded guidance (Kontext refuses true CFG)
+    "flux_kontext": {"guidance_scale": 2.5},
 }
+# the editing models' CFG needs the negative prompt sent (diffusers' Qwen-Image-Edit default " "); the others take
+# the empty one when none is sent
+NEGATIVE_PROMPT = {"qwen_image_edit": " ", "qwen_image_edit_plus": " "}
 # max |rollout log-prob − actor replay| with both sides in bf16: the Qwen-Image bf16 trainer run measured
 # 5.4e-3 (docs/gpu.md) and its test allows 10 × max(step 1's difference, 1e-3); the floor's 10 × 1e-3 here
 REPLAY_BOUND_BF16 = 1e-2
@@ -56,8 +71,12 @@ def gpu_engine(tiny_path, loop):
 
 
 @pytest.fixture(scope="module")
-def ids(tiny_path, adapter):
-    return tokenized_prompt(tiny_path, adapter, "a red cat on a chair")
+def ids(tiny_path, adapter, model_name):
+    negative = NEGATIVE_PROMPT.get(model_name)
+    return {
+        "prompt": tokenized_prompt(tiny_path, adapter, "a red cat on a chair"),
+        "negative": None if negative is None else tokenized_prompt(tiny_path, adapter, negative),
+    }
 
 
 def sampling(model_name):
@@ -66,16 +85,28 @@ def sampling(model_name):
 
 
 @pytest.fixture(scope="module")
-def outputs(loop, gpu_engine, model_name, ids):
-    """``SAMPLES`` samples of one request (the batched path); with CFG the negative prompt is the empty one
-    (none sent), as the authors' SD3.5 recipe samples."""
-    return loop.run(gpu_engine.engine_call(ids, sampling(model_name), f"gpu-{model_name}", SAMPLES))
+def outputs(loop, gpu_engine, model_name, ids, adapter):
+    """``SAMPLES`` samples of one request (the batched path; an editing model's with its source images, sent once);
+    with CFG the negative prompt is the empty one (none sent, as the authors' SD3.5 recipe samples) unless the model
+    needs one sent."""
+    call = gpu_engine.engine_call(
+        ids["prompt"],
+        sampling(model_name),
+        f"gpu-{model_name}",
+        SAMPLES,
+        ids["negative"],
+        image_data=source_images(adapter),
+    )
+    return loop.run(call)
 
 
 def test_bf16_rollout_gives_distinct_images_and_finite_log_probs(model_name, outputs):
     assert len(outputs) == SAMPLES
+    frames = MODELS[model_name].get("num_frames", 1)
+    # an image [3, H, W]; a video [F, 3, H, W]
+    expected = (3, H, W) if frames == 1 else (frames, 3, H, W)
     for out in outputs:
-        assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == (3, H, W)
+        assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == expected
         assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
         assert out.extra_fields["all_latents"].shape[0] == WINDOW + 1
     assert not torch.equal(outputs[0].diffusion_output, outputs[1].diffusion_output)

@@ -1,11 +1,21 @@
-"""Checkpoints of ``DiffusersFSDPEngine``: a LoRA any diffusers user can load, plus exact-resume state.
+"""Checkpoints of ``DiffusersFSDPEngine``: a LoRA (or, full fine-tuning, a transformer) any diffusers user can
+load, plus exact-resume state.
 
 Layout of ``<local_path>/``:
+
+* full fine-tuning (``model.lora.rank=0``): ``transformer/``, the trained transformer written by its diffusers
+  class's ``save_pretrained`` (``config.json`` + safetensors, sharded above 10 GB), which
+  ``<TransformerClass>.from_pretrained`` (or a pipeline's ``transformer=`` argument) loads; no ``lora/``;
 
 * ``lora/pytorch_lora_weights.safetensors``: full LoRA tensors written by the pipeline's
   ``save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the peft config as
   metadata so rank and alpha survive), loadable with ``QwenImagePipeline.load_lora_weights``;
   models without a diffusers pipeline (BAGEL) get the same keys and metadata through safetensors;
+  a module of several transformers (the adapter's ``lora_components``, the A14B's two experts) writes one such
+  file per component: the first in this name, component ``c`` in ``pytorch_lora_weights_<c>.safetensors``,
+  each keyed ``transformer.<module>`` as diffusers' Wan loader reads it, which loads that file into its component
+  ``c`` with ``load_lora_weights(..., weight_name=..., load_into_<c>=True)`` (``load_into_transformer_2``; the
+  calls: :func:`lora_load_calls`);
 * ``lora/adapter_config.json`` + ``lora/adapter_model.safetensors``: the same LoRA in PEFT's layout
   under the rollout engine's module names (the adapter's ``rollout_lora``, the form the rollout
   receives in memory), which stock vLLM-Omni serves from the directory with a file ``LoRARequest``
@@ -14,8 +24,8 @@ Layout of ``<local_path>/``:
   RNG states, the global step and optimizer steps, and (an algorithm with an old-policy adapter) rank
   r's shards of that adapter, which has no other copy. Resuming needs the same world size.
 
-The LoRA file is also what a resume loads back into the sharded model, so there is one copy of
-the weights on disk.
+The LoRA file (the transformer directory) is also what a resume loads back into the sharded model, so
+there is one copy of the weights on disk.
 """
 
 from __future__ import annotations
@@ -29,12 +39,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+from verl.utils.device import get_device_id
 
 from verl_omni.workers.engine.fsdp import old_adapter
 
 logger = logging.getLogger(__name__)
 
 LORA_DIR = "lora"
+TRANSFORMER_DIR = "transformer"
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 # PEFT's file names, which vLLM's LoRA loader reads from a LoRARequest's directory
 PEFT_CONFIG_NAME = "adapter_config.json"
@@ -64,18 +76,127 @@ def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return full
 
 
+def gather_full_tensors(module: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
+    """Full (unsharded) tensors ``names`` of the module's state dict, on CPU. Collective over the FSDP mesh."""
+    state = module.state_dict()
+    missing = [name for name in names if name not in state]
+    if missing:
+        raise KeyError(f"the trained module has no tensors {missing[:4]}")
+    device = get_device_id()
+    full = {}
+    for name in names:
+        tensor = state[name]
+        # shards offloaded to the host (param_offload between phases, or engine.offload_policy) gather on the device
+        tensor = tensor.to(device).full_tensor() if isinstance(tensor, DTensor) else tensor
+        full[name] = tensor.detach().to("cpu").clone()
+    return full
+
+
+def save_transformer_dir(module_class, config, directory: Path, state: dict[str, torch.Tensor]) -> None:
+    """The trained transformer through its diffusers class's ``save_pretrained``: the class is rebuilt from
+    ``config`` on the meta device and takes the gathered ``state`` as its tensors (no second copy)."""
+    with torch.device("meta"):
+        model = module_class.from_config(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.save_pretrained(directory, safe_serialization=True)
+
+
+def read_transformer_dir(directory: Path) -> dict[str, torch.Tensor]:
+    """The tensors a ``save_pretrained`` directory holds (one safetensors file, or the shards its index names)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    index = directory / "diffusion_pytorch_model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else None
+    files = files or ["diffusion_pytorch_model.safetensors"]
+    state = {}
+    for name in files:
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory / name} not found: the checkpoint's transformer is incomplete")
+        state.update(load_file(str(directory / name)))
+    return state
+
+
+def _save_weights(engine, path: Path, rank: int) -> None:
+    """The trained weights of the checkpoint: the LoRA directory, or the full transformer (rank 0 writes)."""
+    if engine._is_lora:
+        lora = gather_lora_state_dict(engine.module)
+        if rank == 0:
+            save_lora_dir(engine.adapter, path / LORA_DIR, lora, engine.module.peft_config[ADAPTER_NAME].to_dict())
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(engine.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        save_transformer_dir(engine.module_class, engine.module.config, path / TRANSFORMER_DIR, state)
+
+
+def _load_weights(engine, path: Path) -> None:
+    """Load what :func:`_save_weights` wrote into the sharded module (every rank reads the files)."""
+    if engine._is_lora:
+        load_lora_into(engine.module, path / LORA_DIR, engine.adapter.lora_components)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    directory = path / TRANSFORMER_DIR
+    if not directory.is_dir():
+        raise FileNotFoundError(
+            f"{directory} not found: the checkpoint is not of a full fine-tuning run (model.lora.rank=0); resume "
+            "it with the LoRA settings it was written with"
+        )
+    state = read_transformer_dir(directory)
+    set_model_state_dict(engine.module, state, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def lora_weight_name(component: str, components: tuple[str, ...]) -> str:
+    """The diffusers LoRA file of ``component`` (module docstring): the default name for the first, else its own."""
+    return LORA_WEIGHT_NAME if component == components[0] else f"pytorch_lora_weights_{component}.safetensors"
+
+
+def lora_load_calls(lora_dir: str | Path) -> list[dict]:
+    """The keyword arguments of each diffusers ``load_lora_weights(lora_dir, **kwargs)`` call that loads a checkpoint's
+    ``lora/`` directory into a pipeline: ``{}`` (the default file), then one per further component's file."""
+    calls = [{}]
+    for path in sorted(Path(lora_dir).glob("pytorch_lora_weights_*.safetensors")):
+        component = path.name[len("pytorch_lora_weights_") : -len(".safetensors")]
+        calls.append({"weight_name": path.name, f"load_into_{component}": True})
+    return calls
+
+
+def _component_tensors(lora: dict[str, torch.Tensor], components: tuple[str, ...]) -> dict[str, dict]:
+    """``{weight file: that file's tensors}``: the LoRA split by its components' name prefixes (none: one file)."""
+    if not components:
+        return {LORA_WEIGHT_NAME: lora}
+    files = {}
+    for component in components:
+        prefix = f"{component}."
+        files[lora_weight_name(component, components)] = {
+            name[len(prefix) :]: t for name, t in lora.items() if name.startswith(prefix)
+        }
+    stray = sorted(n for n in lora if not any(n.startswith(f"{c}.") for c in components))
+    if stray or not all(files.values()):
+        raise ValueError(
+            f"LoRA tensors must each belong to one of the components {list(components)} and every component must "
+            f"have some: stray {stray[:4]}, empty {[f for f, t in files.items() if not t]}"
+        )
+    return files
+
+
 def _save_lora_file(adapter, directory: Path, lora: dict[str, torch.Tensor], metadata: dict) -> None:
-    """The diffusers pipeline's ``save_lora_weights`` when the model has one, else the same keys with safetensors."""
+    """The diffusers pipeline's ``save_lora_weights`` when the model has one (a file per component), else the same
+    keys with safetensors."""
     if adapter.lora_file_pipeline is not None:
         import diffusers
 
-        getattr(diffusers, adapter.lora_file_pipeline).save_lora_weights(
-            directory,
-            transformer_lora_layers=lora,
-            weight_name=LORA_WEIGHT_NAME,
-            safe_serialization=True,
-            transformer_lora_adapter_metadata=metadata,
-        )
+        for weight_name, tensors in _component_tensors(lora, adapter.lora_components).items():
+            getattr(diffusers, adapter.lora_file_pipeline).save_lora_weights(
+                directory,
+                transformer_lora_layers=tensors,
+                weight_name=weight_name,
+                safe_serialization=True,
+                transformer_lora_adapter_metadata=metadata,
+            )
         return
     import json
 
@@ -132,10 +253,9 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
     """Write the checkpoint of ``engine`` (a ``DiffusersFSDPEngine``); every rank must call it."""
     path = Path(local_path)
     rank, world = dist.get_rank(), dist.get_world_size()
-    lora = gather_lora_state_dict(engine.module)
     if rank == 0:
         path.mkdir(parents=True, exist_ok=True)
-        save_lora_dir(engine.adapter, path / LORA_DIR, lora, engine.module.peft_config[ADAPTER_NAME].to_dict())
+    _save_weights(engine, path, rank)
     dist.barrier()
     state = {
         "global_step": global_step,
@@ -151,23 +271,29 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
     logger.info("checkpoint of step %d written to %s", global_step, path)
 
 
-def _to_module_names(lora_file: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``transformer.<m>.lora_A.weight`` → ``<m>.lora_A.default.weight`` (the injected parameter's name)."""
+def _to_module_names(lora_file: dict[str, torch.Tensor], component: str = "") -> dict[str, torch.Tensor]:
+    """``transformer.<m>.lora_A.weight`` → ``[<component>.]<m>.lora_A.default.weight`` (the injected parameter's name)."""
     out = {}
     for key, tensor in lora_file.items():
         if not key.startswith(TRANSFORMER_PREFIX):
             raise ValueError(f"LoRA file key {key!r} does not start with {TRANSFORMER_PREFIX!r}")
         name = re.sub(r"\.(lora_[AB])\.", rf".\1.{ADAPTER_NAME}.", key[len(TRANSFORMER_PREFIX) :])
-        out[name] = tensor
+        out[f"{component}.{name}" if component else name] = tensor
     return out
 
 
-def load_lora_into(module: torch.nn.Module, lora_path: str | Path) -> None:
-    """Load a saved LoRA file into the (sharded) module; every LoRA parameter must be covered."""
+def load_lora_into(module: torch.nn.Module, lora_path: str | Path, components: tuple[str, ...] = ()) -> None:
+    """Load a saved LoRA directory into the (sharded) module; every LoRA parameter must be covered.
+
+    ``components``: the adapter's ``lora_components`` (one file per component), empty for one transformer.
+    """
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    state = _to_module_names(load_file(str(Path(lora_path) / LORA_WEIGHT_NAME)))
+    state = {}
+    for component in components or ("",):
+        weight_name = lora_weight_name(component, components) if components else LORA_WEIGHT_NAME
+        state.update(_to_module_names(load_file(str(Path(lora_path) / weight_name)), component))
     # the trained adapter's tensors (an old-policy adapter beside it is restored from the engine state)
     expected = {n for n, _ in module.named_parameters() if "lora_" in n and f".{ADAPTER_NAME}." in n}
     if set(state) != expected:
@@ -185,7 +311,7 @@ def load(engine, local_path: str | Path) -> int:
     state_file = path / engine_state_name(rank, world)
     if not state_file.is_file():
         raise FileNotFoundError(f"{state_file} not found: the checkpoint was written with another world size?")
-    load_lora_into(engine.module, path / LORA_DIR)
+    _load_weights(engine, path)
     state = torch.load(state_file, weights_only=False)
     engine.optimizer.load_state_dict(state["optimizer"])
     engine.lr_scheduler.load_state_dict(state["lr_scheduler"])

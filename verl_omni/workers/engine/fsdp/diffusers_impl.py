@@ -16,8 +16,13 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   gradient is that of the mean loss over all (sample, step) pairs of the mini-batch (over the kept
   samples only when the batch carries a ``sample_mask``, :mod:`~verl_omni.workers.utils.sample_mask`);
   what a step is comes from the replay of the algorithm's rollout record, which steps are trained from the loss;
-* checkpoints (LoRA in diffusers' ``load_lora_weights`` format + per-rank optimizer, LR
-  schedule and RNG state) and ``disable_adapter`` (the reference policy, no second weight copy);
+* checkpoints (LoRA in diffusers' ``load_lora_weights`` format, or the full transformer through
+  ``save_pretrained``, + per-rank optimizer, LR schedule and RNG state) and ``reference_policy``
+  (LoRA: the adapter disabled, no second weight copy; full fine-tuning: a frozen sharded copy of the
+  base transformer, built only when ``needs_reference`` is set before :meth:`initialize`);
+* full fine-tuning (``model.lora.rank=0``): every transformer parameter trains, sharded by FSDP2 with its
+  gradients and optimizer state; the rollout gets the weights in checked buckets (:meth:`weight_bucket_plan`,
+  :meth:`weight_bucket`, :mod:`~verl_omni.workers.rollout.weight_buckets`);
 * with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
   frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`).
 """
@@ -67,7 +72,7 @@ def _dtype(name: str, key: str) -> torch.dtype:
 
 @EngineRegistry.register(model_type="diffusion_model", backend="fsdp2", device=["cuda", "cpu"])
 class DiffusersFSDPEngine(FSDPEngine):
-    """verl training engine for a diffusers transformer trained with LoRA on recorded SDE transitions."""
+    """verl training engine for a diffusers transformer (LoRA or full) trained on recorded rollout transitions."""
 
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         if engine_config.strategy != "fsdp2":
@@ -82,18 +87,26 @@ class DiffusersFSDPEngine(FSDPEngine):
         self.old_policy_adapter = False
         # optimizer steps taken in this run (a resume restores it): the old policy's EMA decay counts them
         self.optimizer_steps = 0
+        # full fine-tuning with a KL term: a frozen sharded copy of the base transformer (set by the worker)
+        self.needs_reference = False
+        self.reference_module = None
+        # the trained module's own class (FSDP2 subclasses it in place): checkpoints rebuild it to save_pretrained
+        self.module_class = None
 
     # ---- building -------------------------------------------------------------------------
 
     def initialize(self):
         """Build the sharded model, optimizer and LR schedule, and the rollout's scheduler."""
         self._build_model_optimizer()
+        if self.needs_reference and not self._is_lora:
+            self.reference_module = self._build_reference_module()
         self.scheduler = self.adapter.build_scheduler(self.model_config.path)
         self.to(device="cpu", model=self._is_offload_param, optimizer=self._is_offload_optimizer, grad=False)
 
     def _build_module(self):
         dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
         module = self.adapter.build_module(self.model_config.path, dtype=dtype)
+        self.module_class = type(module)
         if self.model_config.enable_gradient_checkpointing:
             module.enable_gradient_checkpointing()
         if not self._is_lora:
@@ -145,7 +158,24 @@ class DiffusersFSDPEngine(FSDPEngine):
         compute = torch.float32 if get_device_name() == "cpu" else torch.bfloat16
         return compute, torch.float32
 
+    def _build_reference_module(self):
+        """The frozen reference of full fine-tuning: the base transformer again, sharded like the trained one."""
+        dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
+        module = self.adapter.build_module(self.model_config.path, dtype=dtype).requires_grad_(False)
+        self._shard(module)
+        logger.info("frozen reference transformer built for the KL term (full fine-tuning)")
+        return module.eval()
+
     def _build_fsdp_module(self, module):
+        self._shard(module)
+        if self.model_config.enable_activation_offload:
+            from verl.utils.activation_offload import enable_activation_offloading
+
+            enable_activation_offloading(module, "fsdp2", self.model_config.enable_gradient_checkpointing)
+        return module
+
+    def _shard(self, module) -> None:
+        """FSDP2 ``fully_shard`` on the adapter's wrap blocks, then the root, with the engine's precision."""
         param_dtype, reduce_dtype = self._mixed_precision()
         self._autocast_dtype, self.scaler = param_dtype, None
         fsdp_kwargs = {
@@ -153,16 +183,25 @@ class DiffusersFSDPEngine(FSDPEngine):
             "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
             "reshard_after_forward": self.engine_config.reshard_after_forward,
         }
+        if self.engine_config.offload_policy:
+            fsdp_kwargs["offload_policy"] = self._cpu_offload_policy()
         wrap = {
             "wrap_policy": {"transformer_layer_cls_to_wrap": list(self.adapter.fsdp_wrap_blocks)},
             "forward_prefetch": self.engine_config.forward_prefetch,
         }
         apply_fsdp2(module, fsdp_kwargs, wrap)
-        if self.model_config.enable_activation_offload:
-            from verl.utils.activation_offload import enable_activation_offloading
 
-            enable_activation_offloading(module, "fsdp2", self.model_config.enable_gradient_checkpointing)
-        return module
+    def _cpu_offload_policy(self):
+        """FSDP2's ``CPUOffloadPolicy`` (``engine.offload_policy``): the sharded parameters, their gradients and the
+        optimizer state live in host memory for the whole run, each block's shards are copied to the device for its
+        forward and backward, and the optimizer step runs on the host. verl's between-phase offload
+        (``param_offload`` / ``optimizer_offload``) is switched off, as in verl's engine: the policy owns placement."""
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        self._is_offload_param = self._is_offload_optimizer = False
+        self._uses_fsdp2_cpu_offload_policy = True
+        # pinned host memory speeds the copies to an accelerator; there is none to pin for on CPU
+        return CPUOffloadPolicy(pin_memory=get_device_name() != "cpu")
 
     def _build_optimizer(self, module):
         from verl.workers.config.optimizer import build_optimizer
@@ -274,15 +313,25 @@ class DiffusersFSDPEngine(FSDPEngine):
     # ---- reference, export, checkpoints ---------------------------------------------------
 
     @contextmanager
-    def disable_adapter(self):
-        """The reference policy: the same weights with the LoRA switched off."""
-        if not self._is_lora:
-            raise RuntimeError("the reference policy needs LoRA (model.lora.rank > 0): there is no base copy")
-        self.module.disable_adapters()
+    def reference_policy(self):
+        """The reference policy of the KL term: LoRA switched off, or (full fine-tuning) the frozen base copy."""
+        if self._is_lora:
+            self.module.disable_adapters()
+            try:
+                yield
+            finally:
+                self.module.enable_adapters()
+            return
+        if self.reference_module is None:
+            raise RuntimeError(
+                "full fine-tuning has a reference only when the engine built its frozen copy (needs_reference=True "
+                "before initialize; the trainer sets it when actor.kl_beta > 0)"
+            )
+        trained, self.module = self.module, self.reference_module
         try:
             yield
         finally:
-            self.module.enable_adapters()
+            self.module = trained
 
     def optimizer_step(self):
         """verl's step (FSDP2 grad-norm clip, skip on a non-finite norm), counted in :attr:`optimizer_steps`."""
@@ -306,31 +355,48 @@ class DiffusersFSDPEngine(FSDPEngine):
         return checkpoint.gather_lora_state_dict(self.module)
 
     def get_per_tensor_param(self, **kwargs):
-        """LoRA tensors for the rollout, in peft's checkpoint naming, and the peft config (verl's contract).
+        """Weights for the rollout (verl's contract): ``(iterator of (name, tensor), peft config or None)``.
 
-        Names are ``base_model.model.<module>.lora_A.weight`` with ``<module>`` the rollout's name of the
-        trained module, as vLLM's LoRA loader parses peft checkpoints; the adapter's ``rollout_lora`` renames
-        them and fuses the sub-layer adapters of fused layers the rollout does not route itself (the same
-        form the checkpoint's PEFT layout has). With ``model.lora.merge`` or without LoRA, full weights
-        would be needed: not implemented yet.
+        LoRA: the LoRA tensors in peft's checkpoint naming, ``base_model.model.<module>.lora_A.weight`` with
+        ``<module>`` the rollout's name of the trained module, as vLLM's LoRA loader parses peft checkpoints;
+        the adapter's ``rollout_lora`` renames them and fuses the sub-layer adapters of fused layers the rollout
+        does not route itself (the same form the checkpoint's PEFT layout has), and the peft config.
+        Full fine-tuning: every full tensor (one gather at a time, lazily; a collective, every rank must walk
+        it) under the diffusers names the rollout's ``load_weights`` maps, and None.
         """
-        if not self._is_lora or self.model_config.lora.merge:
-            raise NotImplementedError("weight export supports unmerged LoRA only (model.lora.rank > 0, merge=False)")
+        if not self._is_lora:
+            names = list(self.module.state_dict())
+            return ((name, checkpoint.gather_full_tensors(self.module, [name])[name]) for name in names), None
         tensors = self.lora_state_dict()
         config, rollout_tensors = self.adapter.rollout_lora(
             tensors, self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
         )
         return iter(rollout_tensors.items()), config
 
+    def weight_bucket_plan(self, bucket_bytes: int) -> list[list[str]]:
+        """Full fine-tuning: the transformer's tensor names in buckets of at most ``bucket_bytes`` (every rank
+        computes the same plan from the global shapes; :func:`~verl_omni.workers.rollout.weight_buckets.plan_buckets`)."""
+        from verl_omni.workers.rollout.weight_buckets import plan_buckets
+
+        if self._is_lora:
+            raise RuntimeError(
+                "weight buckets carry full weights: the LoRA travels as an adapter (model.lora.rank > 0)"
+            )
+        sizes = ((name, t.numel() * t.element_size()) for name, t in self.module.state_dict().items())
+        return plan_buckets(sizes, bucket_bytes)
+
+    def weight_bucket(self, plan: list[list[str]], index: int) -> dict[str, torch.Tensor]:
+        """The full tensors of bucket ``index`` of ``plan``, on CPU. A collective: every rank gathers its shards."""
+        return checkpoint.gather_full_tensors(self.module, plan[index])
+
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-        """LoRA as diffusers safetensors (rank 0) + this rank's optimizer / LR schedule / RNG state.
+        """LoRA as diffusers safetensors, or the full transformer with ``save_pretrained`` (rank 0), + this rank's
+        optimizer / LR schedule / RNG state (:mod:`.checkpoint`).
 
         ``max_ckpt_to_keep`` must be None: pruning is the trainer's (``trainer.max_actor_ckpt_to_keep``).
         """
         if hdfs_path is not None:
             raise NotImplementedError("hdfs_path is not supported by DiffusersFSDPEngine checkpoints")
-        if not self._is_lora:
-            raise NotImplementedError("checkpoints of full fine-tuning (model.lora.rank=0) are not implemented")
         if max_ckpt_to_keep is not None:
             # the engine sees one checkpoint directory; the run directory's trainer prunes them all
             raise NotImplementedError(

@@ -378,10 +378,43 @@ class OmniRolloutEngine:
         logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
         return bound
 
-    async def load_weights(self, weights: dict[str, torch.Tensor]) -> int:
-        """Replace transformer weights (diffusers names) in every worker; returns how many parameters were set."""
-        items = [(f"transformer.{name}", tensor.detach().cpu()) for name, tensor in weights.items()]
-        return sum(_flatten(await self.collective_rpc("verl_omni_load_weights", items)))
+    # ---- full-weight sync (verl_omni.workers.rollout.weight_buckets) ---------------------------
+
+    def _weight_prefix(self) -> str:
+        prefix = self.adapter.rollout_weight_prefix
+        if prefix is None:
+            raise NotImplementedError(
+                f"{self.adapter.__name__} has no full-weight sync (rollout_weight_prefix is None): train a LoRA "
+                "(actor_rollout_ref.model.lora.rank > 0)"
+            )
+        return prefix
+
+    async def begin_weight_sync(self, version: int, count: int) -> None:
+        """Open sync ``version`` of ``count`` buckets in every diffusion worker."""
+        _raise_sync_errors(
+            await self.collective_rpc("verl_omni_begin_weight_sync", version, count, self._weight_prefix())
+        )
+
+    async def load_weight_bucket(self, bucket) -> int:
+        """Check and load one :class:`~verl_omni.workers.rollout.weight_buckets.WeightBucket` in every worker;
+        returns the names set per worker (the least of them)."""
+        reports = _raise_sync_errors(await self.collective_rpc("verl_omni_load_weight_bucket", bucket.to_fields()))
+        return min(report["loaded"] for report in reports)
+
+    async def finish_weight_sync(self, version: int) -> dict[str, int]:
+        """Close sync ``version``; raises ``WeightSyncError`` unless every bucket arrived intact and every parameter
+        of the rollout's transformer was written. Returns the first worker's ``{"buckets", "bytes", "params"}``."""
+        return _raise_sync_errors(await self.collective_rpc("verl_omni_finish_weight_sync", version))[0]
+
+    async def load_weights(self, weights: dict[str, torch.Tensor], version: int = 0, bucket_bytes: int = 1 << 30):
+        """Replace the transformer's weights (diffusers names) with ``weights``: one checked sync of buckets."""
+        from verl_omni.workers.rollout.weight_buckets import buckets_of
+
+        buckets = list(buckets_of(version, weights, bucket_bytes))
+        await self.begin_weight_sync(version, len(buckets))
+        for bucket in buckets:
+            await self.load_weight_bucket(bucket)
+        return await self.finish_weight_sync(version)
 
     async def clear_lora(self) -> None:
         """Stop using (and unload) the active adapter, if any."""
@@ -405,6 +438,17 @@ def _engine_start_kwargs(warmup_size, timeout_s: float, engine_kwargs: dict) -> 
     additional = dict(engine_kwargs.get("additional_config") or {})
     additional.update(engine_start_config(warmup_size, timeout_s, ENGINE_START_TIMEOUT_KEY))
     return {"init_timeout": seconds, "stage_init_timeout": seconds, "additional_config": additional}
+
+
+def _raise_sync_errors(stage_results: list[Any]) -> list[dict]:
+    """The workers' weight-sync reports; the first ``{"error"}`` among them raised as ``WeightSyncError``."""
+    from verl_omni.workers.rollout.weight_buckets import WeightSyncError
+
+    reports = _flatten(stage_results)
+    errors = [report["error"] for report in reports if "error" in report]
+    if errors:
+        raise WeightSyncError(f"{errors[0]} ({len(errors)} of {len(reports)} rollout workers failed)")
+    return reports
 
 
 def _flatten(stage_results: list[Any]) -> list[Any]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import ray
 import torch
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from verl.single_controller.ray import RayResourcePool
 from verl.utils.device import get_device_name
 from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
@@ -180,9 +182,17 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         """Push an in-memory LoRA adapter; returns how many modules it binds (never 0: that raises)."""
         return len(await self.omni.load_lora_tensors(peft_config, tensors))
 
-    async def update_weights(self, weights: dict[str, torch.Tensor]) -> int:
-        """Full transformer weights (diffusers names) through the pipeline's ``load_weights``."""
-        return await self.omni.load_weights(weights)
+    async def begin_weight_sync(self, version: int, count: int) -> None:
+        """Open full-weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``)."""
+        await self.omni.begin_weight_sync(version, count)
+
+    async def load_weight_bucket(self, bucket) -> int:
+        """Check and load one bucket of the open sync; returns how many rollout names it set."""
+        return await self.omni.load_weight_bucket(bucket)
+
+    async def finish_weight_sync(self, version: int) -> dict[str, int]:
+        """Close the sync; raises unless every bucket arrived intact and every transformer parameter was written."""
+        return await self.omni.finish_weight_sync(version)
 
     def _sleeps(self) -> bool:
         """Whether this server gives its device memory back during the actor phases.
@@ -277,11 +287,19 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
         self._server_address = self._server_name(0)
 
     async def _launch_cpu_server(self) -> None:
-        """One server actor holding the engine on CPU: no worker group, no GPU bundle."""
+        """One server actor holding the engine on CPU: no worker group, no GPU bundle. A standalone replica's
+        server runs in a resource pool of its own (one CPU bundle), as verl's standalone replicas on GPU do."""
         if self.nnodes != 1:
             raise ValueError(f"a CPU rollout replica runs on one node, got nnodes={self.nnodes}")
+        options = {}
+        if self.rollout_mode == RolloutMode.STANDALONE:
+            pool = RayResourcePool(
+                [1], use_gpu=False, max_colocate_count=CPU_SERVER_NUM_CPUS, name_prefix=self._server_name(0) + "_pool"
+            )
+            (group,) = pool.get_placement_groups(device_name="cpu")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0)
         server = self.server_class.options(
-            name=self._server_name(0), max_concurrency=self.max_concurrency, num_cpus=CPU_SERVER_NUM_CPUS
+            name=self._server_name(0), max_concurrency=self.max_concurrency, num_cpus=CPU_SERVER_NUM_CPUS, **options
         ).remote(
             config=self.config,
             model_config=self.model_config,

@@ -3,7 +3,8 @@
 Installed through ``worker_extension_cls``; vLLM-Omni mixes it into its worker class, so its
 methods are callable through ``AsyncOmni.collective_rpc``. It keeps the custom-pipeline
 re-initialisation of vLLM-Omni's ``CustomPipelineWorkerExtension`` and, at worker start, builds
-the LoRA manager that accepts in-memory tensors.
+the LoRA manager that accepts in-memory tensors; it also receives full weights in checked buckets
+(:mod:`~verl_omni.workers.rollout.weight_buckets`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ import logging
 from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
 
 from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRAManager, TensorLoRARequest
+from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError, WeightSyncReceiver
+
+# the name part vLLM-Omni's LoRA layer wrappers put before a wrapped layer's own parameters
+LORA_BASE_LAYER = ".base_layer."
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +50,56 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
         """Requests per transformer batch of every rollout forward so far, in order."""
         return list(getattr(self.model_runner.pipeline, "request_batch_sizes", []))
 
-    def verl_omni_load_weights(self, weights: list) -> list[int]:
-        """Load full weights ``[(pipeline-prefixed name, tensor)]``; returns how many parameters were set."""
-        loaded = self.model_runner.pipeline.load_weights(iter(weights))
-        if not loaded:
-            names = [name for name, _ in weights[:4]]
-            raise ValueError(f"no pipeline parameter matched the pushed weights (names like {names})")
-        return [len(loaded)]
+    # ---- full-weight sync (verl_omni.workers.rollout.weight_buckets) ---------------------------
+
+    def verl_omni_begin_weight_sync(self, version: int, count: int, prefix: str) -> list[dict]:
+        """Open sync ``version`` of ``count`` buckets whose names the pipeline loads under ``prefix``
+        (its component, e.g. ``transformer.``); every parameter of that component must be written."""
+        pipeline = self.model_runner.pipeline
+        component = getattr(pipeline, prefix.rstrip("."), None)
+        if component is None:
+            return [{"error": f"the rollout pipeline {type(pipeline).__name__} has no component {prefix!r}"}]
+
+        wrapped = sorted(name for name, _ in component.named_parameters() if LORA_BASE_LAYER in name)
+        if wrapped:
+            # vLLM-Omni's LoRA manager wraps a layer the first time an adapter binds to it and keeps the wrapper
+            # after the adapter is removed; the pipeline's load_weights does not reach a wrapped layer's base
+            # weights, so a full-weight sync would leave them stale
+            return [
+                {
+                    "error": f"full-weight sync into a rollout whose {prefix.rstrip('.')} carries LoRA layers "
+                    f"({len(wrapped)} parameters such as {wrapped[:2]}): this engine served a LoRA before. Full "
+                    "fine-tuning (actor_rollout_ref.model.lora.rank=0) syncs into an engine that never loaded one"
+                }
+            ]
+
+        def load(weights):
+            return pipeline.load_weights((f"{prefix}{name}", tensor) for name, tensor in weights)
+
+        def expected():
+            return {f"{prefix}{name}" for name, _ in component.named_parameters()}
+
+        self._weight_sync = WeightSyncReceiver(load, expected)
+        return self._sync_call(lambda: self._weight_sync.begin(version, count))
+
+    def verl_omni_load_weight_bucket(self, fields: dict) -> list[dict]:
+        """Check and load one :class:`WeightBucket` (given as its ``to_fields``)."""
+        return self._sync_call(lambda: {"loaded": self._receiver().receive(WeightBucket(**fields))})
+
+    def verl_omni_finish_weight_sync(self, version: int) -> list[dict]:
+        """Close sync ``version``: ``{"buckets", "bytes", "params"}`` or ``{"error"}`` (a bucket lost or unloaded)."""
+        return self._sync_call(lambda: self._receiver().finish(version))
+
+    def _receiver(self) -> WeightSyncReceiver:
+        receiver = getattr(self, "_weight_sync", None)
+        if receiver is None:
+            raise WeightSyncError("no weight sync was begun in this rollout worker")
+        return receiver
+
+    @staticmethod
+    def _sync_call(call) -> list[dict]:
+        """The call's result as a one-worker list; a failed check comes back as ``{"error"}`` for the engine to raise."""
+        try:
+            return [call() or {}]
+        except WeightSyncError as error:
+            return [{"error": str(error)}]

@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
-# Flow-GRPO on Qwen-Image-Edit with a LoRA: one source image and an instruction per prompt.
+# Flow-GRPO on Qwen-Image-Edit with a LoRA: one source image and an instruction per prompt, graded by a VLM judge.
 #
 # No authors' editing recipe is cited here: the sampling and optimizer settings are this project's
 # Qwen-Image recipe (run_qwen_image_ocr_lora.sh, Flow-GRPO's Qwen-Image settings), with the edit
-# model's own conditioning. The reward is PickScore of the edited image against the instruction, a
-# stand-in for an editing judge (a VLM that sees the source image, the edit and the instruction:
-# swap the scorers line once such a scorer is configured).
+# model's own conditioning.
+#
+# The reward is the vlm_judge scorer (docs/reward.md, "VLM judge"): one chat request per sample to an
+# OpenAI-compatible server with the source image, the edited image and the instruction; the judge's grade,
+# mapped to [0, 1], is the reward. Serve the judge on a GPU the trainer does not use, e.g.
+#   CUDA_VISIBLE_DEVICES=1 vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000 --max-model-len 4096 \
+#     --limit-mm-per-prompt '{"image": 2}' --mm-processor-kwargs '{"max_pixels": 1048576}'
+# where
+#   Qwen2.5-VL-7B-Instruct: the VLM the OCR launchers serve and docs/reward.md's judge example (an
+#     instruction-following VLM that answers the default template; a larger one judges better at more GPUs);
+#   --port 8000: vLLM's default port, the one JUDGE_URL below points at;
+#   image 2: a request carries the source image and the edit;
+#   max_pixels 1048576: the source image's conditioning area (1024x1024, below), so Qwen2.5-VL spends at most
+#     1048576 / 28^2 = 1337 tokens on an image (14-pixel patches merged 2x2); without it its processor allows
+#     12845056 pixels (16384 tokens) per image and vLLM reserves that much;
+#   --max-model-len 4096: two images of at most 1337 tokens, the template and instruction (~200 tokens) and the
+#     answer (max_tokens 512) make at most ~3400.
+# The reward keys: reward@reward.diffusion=vlm_judge takes the scorer's node (verl_omni/trainer/config/reward/
+# vlm_judge.yaml, every key commented, each at its default), and the launcher sets
+#   reward.diffusion.scorers.0.params.url              JUDGE_URL, the server's API base (requests go to <url>/chat/completions)
+#   reward.diffusion.scorers.0.params.model            JUDGE_MODEL, the name vllm serve was given
+#   reward.diffusion.scorers.0.params.max_concurrency  64: a step's 4 prompts x 16 samples in flight at once (vLLM 0.26's
+#                                                      server batches up to 1024 sequences on an H100 / H200)
+# and keeps at their defaults
+#   reward.diffusion.scorers.0.params.prompt_template  the last image is graded, the ones before it are its sources;
+#                                                      instruction following, keeping the rest, naturalness; "Score: N", N in 0..10
+#   reward.diffusion.scorers.0.params.parser           regex: the last "Score: N" of the answer (score_pattern), in
+#                                                      [score_min, score_max] = [0, 10], mapped to [0, 1] (normalize)
+# (a judge with its own answer format, e.g. JSON scores: set prompt_template, parser=json and json_field).
 # What differs from Qwen-Image:
 #   - the source image is conditioned at 1024x1024 pixels at its aspect ratio (vLLM-Omni's and diffusers'
 #     default; +actor_rollout_ref.rollout.model_kwargs.condition_area=<pixels> sets it), encoded once per
@@ -16,17 +42,19 @@
 #
 # Needs: a diffusers Qwen-Image-Edit directory (MODEL_PATH), an editing prompt set
 # (python examples/data_process/edit_prompts.py --images <folder of images + .txt instructions> --out "$DATA_DIR")
-# and a local PickScore checkpoint directory (PICKSCORE_PATH, a CLIP model + processor). Extra arguments are Hydra overrides (last wins).
+# and the judge server above (JUDGE_URL, JUDGE_MODEL; the preflight checks that JUDGE_URL answers before Ray starts).
+# Extra arguments are Hydra overrides (last wins).
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml), so that
 # `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers Qwen-Image-Edit directory}
 DATA_DIR=${DATA_DIR:-$HOME/data/edit}
-PICKSCORE_PATH=${PICKSCORE_PATH:-$HOME/models/PickScore_v1}
+JUDGE_URL=${JUDGE_URL:-http://127.0.0.1:8000/v1}
+JUDGE_MODEL=${JUDGE_MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
 NGPUS=${NGPUS:-1}
 NNODES=${NNODES:-1}
-OUT=${OUT:-outputs/flowgrpo/qwen_image_edit_pickscore_lora}
+OUT=${OUT:-outputs/flowgrpo/qwen_image_edit_vlm_judge_lora}
 
 # The Qwen-Image recipe's values (run_qwen_image_ocr_lora.sh): 512x512, 10 steps, true CFG 4, SDE window of
 # 2 steps in [0, 5], noise level 1.2, LoRA r64 / alpha 128, 16 samples per prompt, 4 prompts per step,
@@ -64,13 +92,16 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     data.val_files="$DATA_DIR/val.parquet" \
     data.train_batch_size=4 \
     data.val_batch_size=16 \
-    'reward.diffusion.scorers=[{type: pickscore, weight: 1.0, params: {model_path: '"$PICKSCORE_PATH"'}}]' \
+    reward@reward.diffusion=vlm_judge \
+    reward.diffusion.scorers.0.params.url="$JUDGE_URL" \
+    reward.diffusion.scorers.0.params.model="$JUDGE_MODEL" \
+    reward.diffusion.scorers.0.params.max_concurrency=64 \
     reward.diffusion.num_workers=1 \
     trainer.device=cuda \
     trainer.nnodes="$NNODES" \
     trainer.n_gpus_per_node="$NGPUS" \
     trainer.colocate_rollout=true \
-    trainer.experiment_name=qwen_image_edit_pickscore_lora \
+    trainer.experiment_name=qwen_image_edit_vlm_judge_lora \
     trainer.default_local_dir="$OUT" \
     trainer.logger='["console","file","tensorboard"]' \
     trainer.total_training_steps=300 \

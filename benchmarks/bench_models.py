@@ -1,0 +1,291 @@
+"""The models ``model_throughput.py`` benchmarks: what differs between SD3.5, Wan2.2 (TI2V-5B, T2V-A14B) and
+Qwen-Image-Edit.
+
+One :class:`BenchModel` per model: its tiny builder and full-size random-weight directory, the two engines'
+pipelines (ours and vLLM-Omni's stock one, both on random weights at full size), the sampling of the
+model's recipe, how the stock engine is asked for the same samples, and (SD3.5, Wan2.2) the actor's replay:
+the full-size transformer with the recipe's LoRA and a batch of recorded transitions shaped as the rollout
+records them (the A14B: its two experts in one module as training holds them, replay only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROMPT = "a red cat on a chair near a window"
+
+
+def source_image(size: tuple[int, int] = (768, 512)):
+    """The editing benchmark's source image: random RGB pixels, 3:2 (the engines resize it to their condition area)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.RandomState(0).randint(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A benchmarked model. ``full`` / ``tiny``: default sampling and replay settings at full size (CUDA) and in the
+    smoke mode (the tiny random model on any device)."""
+
+    name: str
+    builder: str  # tiny_models builder name
+    adapter: str  # the training adapter, "module:Class"
+    cfg: float  # the recipe's CFG scale (classic or true CFG, the model's way)
+    full: dict
+    tiny: dict
+    lora: tuple[int, int] | None = None  # the recipe's LoRA (rank, alpha); None: no replay part
+    rollout: bool = True  # False: no rollout part (the A14B: two 28 GB experts in the engine are not benchmarked)
+    # the replay's experts (A14B): one row per expert and micro-batch, each at a recorded step that expert sampled
+    experts: tuple[str, ...] = ()
+    # negative prompt text sent with CFG (None: none sent, the pipelines' empty negative prompt)
+    negative: str | None = None
+    source_images: int = 0
+    # the stock engine's sampling-parameter fields beyond size, steps and count (model-specific CFG etc.)
+    stock_fields: Callable[[Any], dict] = field(default=lambda args: {})
+
+    def load_adapter(self):
+        import importlib
+
+        module, name = self.adapter.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    def pipelines(self) -> tuple[str, str]:
+        """Ours and stock vLLM-Omni's pipeline on random full-size weights (``random_weights.py``)."""
+        import random_weights as rw
+
+        return {
+            "sd3": (rw.SD3_LOG_PROB_PIPELINE, rw.SD3_STOCK_PIPELINE),
+            "wan2_2": (rw.WAN_LOG_PROB_PIPELINE, rw.WAN_STOCK_PIPELINE),
+            "qwen_image_edit": (rw.EDIT_LOG_PROB_PIPELINE, rw.EDIT_STOCK_PIPELINE),
+        }[self.name]
+
+    def write_full_size_dir(self, out: Path) -> Path:
+        import random_weights as rw
+
+        if self.name == "sd3":
+            return rw.write_full_size_sd3_dir(out)
+        if self.name.startswith("wan2_2"):
+            return rw.write_full_size_wan_dir(out, builder=self.builder)
+        return rw.write_full_size_model_dir(out, builder=self.builder)
+
+    def images(self) -> list | None:
+        return [source_image()] if self.source_images else None
+
+    def ours_sampling(self, args, seed: int) -> dict:
+        """Our engine's sampling: the recipe's SDE window of 2 steps with noise 0.7, CFG the model's way."""
+        params = {
+            "height": args.height,
+            "width": args.width,
+            "num_inference_steps": args.steps,
+            "true_cfg_scale": self.cfg,
+            "noise_level": 0.7,
+            "sde_window_size": 2,
+            "seed": seed,
+        }
+        if args.frames > 1:
+            params["num_frames"] = args.frames
+        return params
+
+    def stock_prompt(self) -> dict:
+        prompt = {"prompt": PROMPT, "negative_prompt": "" if self.negative is None else self.negative}
+        if self.source_images:
+            prompt["multi_modal_data"] = {"image": source_image()}
+        return prompt
+
+    def stock_params(self, args, seed: int):
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+        fields = {"num_frames": args.frames} if args.frames > 1 else {}
+        return OmniDiffusionSamplingParams(
+            height=args.height,
+            width=args.width,
+            num_inference_steps=args.steps,
+            num_outputs_per_prompt=args.n,
+            seed=seed,
+            **fields,
+            **self.stock_fields(args),
+        )
+
+
+# the Wan2.2 launchers' shape (832×480, 33 frames, group 8; 10 steps here) and its smoke-mode counterpart, shared by
+# the 5B and the A14B
+WAN_FULL = {"height": 480, "width": 832, "frames": 33, "steps": 10, "n": 8, "micro_batches": [1, 2]}
+WAN_TINY = {"height": 32, "width": 64, "frames": 5, "steps": 2, "n": 2, "micro_batches": [1, 2]}
+
+MODELS = {
+    # Flow-GRPO's SD3.5 recipe (examples/flowgrpo_trainer/run_sd3_ocr_lora.sh): 512², 10 steps, CFG 4.5 with the empty
+    # negative prompt, LoRA rank 32 / alpha 64
+    "sd3": BenchModel(
+        name="sd3",
+        builder="sd3",
+        adapter="verl_omni.pipelines.sd3.training_adapter:SD3TrainingAdapter",
+        cfg=4.5,
+        full={"height": 512, "width": 512, "frames": 1, "steps": 10, "n": 16, "micro_batches": [1, 4, 9]},
+        tiny={"height": 32, "width": 32, "frames": 1, "steps": 2, "n": 16, "micro_batches": [1, 2]},
+        lora=(32, 64),
+        stock_fields=lambda args: {"guidance_scale": 4.5},
+    ),
+    # the Wan2.2 5B launcher (examples/flowgrpo_trainer/run_wan2_2_5b_ocr_lora.sh): 832×480, 33 frames, CFG 5 with the
+    # empty negative prompt, group of 8, LoRA rank 64 / alpha 128, micro-batch 1 (10 steps here, the launcher 20);
+    # stock samples with vLLM-Omni's Euler scheduler as ours (its default is UniPC)
+    "wan2_2": BenchModel(
+        name="wan2_2",
+        builder="wan2_2",
+        adapter="verl_omni.pipelines.wan2_2.training_adapter:Wan22TrainingAdapter",
+        cfg=5.0,
+        full=WAN_FULL,
+        tiny=WAN_TINY,
+        lora=(64, 128),
+        stock_fields=lambda args: {
+            "guidance_scale": 5.0,
+            "guidance_scale_provided": True,
+            "extra_args": {"sample_solver": "euler"},
+        },
+    ),
+    # the Wan2.2 A14B launcher (examples/flowgrpo_trainer/run_wan2_2_a14b_ocr_lora.sh): the 5B's recipe at the A14B's
+    # CFG 4; replay only, both experts resident as the actor holds them
+    "wan2_2_a14b": BenchModel(
+        name="wan2_2_a14b",
+        builder="wan2_2_a14b",
+        adapter="verl_omni.pipelines.wan2_2.training_adapter:Wan22A14BTrainingAdapter",
+        cfg=4.0,
+        full=WAN_FULL,
+        tiny=WAN_TINY,
+        lora=(64, 128),
+        rollout=False,
+        experts=("transformer", "transformer_2"),
+    ),
+    # the Qwen-Image-Edit launcher's sampling (true CFG 4 with the " " negative prompt); one 3:2 source image,
+    # conditioned at the stock 1024² area by both engines; rollout only
+    "qwen_image_edit": BenchModel(
+        name="qwen_image_edit",
+        builder="qwen_image_edit",
+        adapter="verl_omni.pipelines.qwen_image_edit.training_adapter:QwenImageEditTrainingAdapter",
+        cfg=4.0,
+        full={"height": 512, "width": 512, "frames": 1, "steps": 10, "n": 4, "micro_batches": []},
+        tiny={"height": 32, "width": 32, "frames": 1, "steps": 2, "n": 2, "micro_batches": []},
+        negative=" ",
+        source_images=1,
+        stock_fields=lambda args: {"true_cfg_scale": 4.0},
+    ),
+}
+
+
+# -- replay: the actor's unit of work (one recorded transition, CFG's two passes, SDE step, log-prob, backward) --
+
+
+# the full-size transformer of each replayed model: (diffusers class, ``random_weights`` config)
+FULL_SIZE_TRANSFORMER = {
+    "sd3": ("SD3Transformer2DModel", "SD35_MEDIUM_TRANSFORMER"),
+    "wan2_2": ("WanTransformer3DModel", "WAN22_TI2V_5B_TRANSFORMER"),
+    "wan2_2_a14b": ("WanTransformer3DModel", "WAN22_T2V_A14B_TRANSFORMER"),
+}
+
+
+def full_size_transformer(model: BenchModel, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The released architecture with its released text width and :func:`random_weights.fill_random_` weights, built
+    in ``dtype`` on ``device`` (made in fp32 first, a 14 B expert would need 56 GB before its cast)."""
+    import diffusers
+    import random_weights as rw
+
+    cls_name, config_name = FULL_SIZE_TRANSFORMER[model.name]
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            module = getattr(diffusers, cls_name)(**getattr(rw, config_name)).to(dtype)
+    finally:
+        torch.set_default_dtype(previous)
+    rw.fill_random_(module)
+    return module
+
+
+def build_replay_model(model: BenchModel, args, model_path: Path, device: torch.device, dtype: torch.dtype):
+    """The trained module (the A14B: both experts in ``WanExperts``, as training builds it) with the recipe's LoRA on
+    the adapter's targets and gradient checkpointing (the engine's default); at full size the released
+    architecture, random weights."""
+    from peft import LoraConfig
+
+    adapter = model.load_adapter()
+    if args.full_size:
+        if model.experts:
+            from verl_omni.pipelines.wan2_2.experts import WanExperts
+
+            module = WanExperts(*(full_size_transformer(model, device, dtype) for _ in model.experts))
+        else:
+            module = full_size_transformer(model, device, dtype)
+    else:
+        module = adapter.build_module(model_path, dtype=dtype).to(device)
+    if not args.no_gradient_checkpointing:
+        module.enable_gradient_checkpointing()
+    module.requires_grad_(False)
+    rank, alpha = model.lora
+    module.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(adapter.lora_target_modules)))
+    for param in module.parameters():
+        if param.requires_grad:
+            param.data = param.data.float()
+    return module
+
+
+def replay_batch_fn(model: BenchModel, args, expert: str | None = None):
+    """``actor_throughput.measure``'s batch function for ``model``: random recorded transitions at the first step
+    (with ``expert``: the first step that expert samples)."""
+    from verl_omni.workers.utils.replay import prepare_scheduler
+
+    adapter = model.load_adapter()
+
+    def sd3(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
+        cells = (spec.height // (2 * vae_scale_factor)) * (spec.width // (2 * vae_scale_factor))
+        prepare_scheduler(adapter, scheduler, spec, cells)
+        config = module.config
+        fields = {
+            "all_latents": torch.randn(batch, 2, cells, 4 * config.in_channels, device=device),
+            "prompt_embeds": torch.randn(batch, text_len, config.joint_attention_dim, device=device),
+            "pooled_prompt_embeds": torch.randn(batch, config.pooled_projection_dim, device=device),
+        }
+        if spec.uses_cfg:
+            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
+            fields["negative_pooled_prompt_embeds"] = torch.randn_like(fields["pooled_prompt_embeds"])
+        fields["all_timesteps"] = scheduler.timesteps[:1].expand(batch, 1).to(device)
+        return fields
+
+    def wan(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
+        # latents [C, F', h, w]: F' = (F - 1)/4 + 1 latent frames, h = H/s, w = W/s (s: 16 for TI2V-5B, 8 for A14B)
+        config = module.transformer.config if expert else module.config
+        shape = (
+            config.in_channels,
+            (spec.num_frames - 1) // adapter.frame_multiple + 1,
+            spec.height // vae_scale_factor,
+            spec.width // vae_scale_factor,
+        )
+        latents = torch.randn(batch, 2, *shape, device=device)
+        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(latents[:, 0]))
+        timesteps = scheduler.timesteps
+        if expert:
+            high = adapter.high_noise(timesteps)
+            timesteps = timesteps[high if expert == model.experts[0] else ~high]
+        fields = {
+            "all_latents": latents,
+            "all_timesteps": timesteps[:1].expand(batch, 1).to(device),
+            "prompt_embeds": torch.randn(batch, text_len, config.text_dim, device=device),
+            "prompt_embeds_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
+        }
+        if spec.uses_cfg:
+            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
+            fields["negative_prompt_embeds_mask"] = fields["prompt_embeds_mask"].clone()
+        return fields
+
+    return {"sd3": sd3, "wan2_2": wan, "wan2_2_a14b": wan}[model.name]
+
+
+# prompt tokens of a replayed sample: SD3's CLIP 77 + T5 256 (the rollout pipeline's max_sequence_length); Wan's
+# real UMT5 tokens of a short prompt (the adapter pads them to 512 with zeros, so the attention cost is the 512's)
+REPLAY_TEXT_LEN = {"sd3": 77 + 256, "wan2_2": 32, "wan2_2_a14b": 32}
+# pixels per latent cell at full size (the tiny models read theirs from the VAE config; the A14B's Wan2.1 VAE: 8)
+FULL_SIZE_VAE_SCALE = {"sd3": 8, "wan2_2": 16, "wan2_2_a14b": 8}

@@ -1,0 +1,183 @@
+"""Full fine-tuning on the real parts: the whole transformer trains, syncs to the rollout in checked buckets,
+and checkpoints as a diffusers transformer.
+
+The module's own vLLM-Omni engine (CPU platform, tiny Qwen-Image, fp32), not the package's: once any module has
+pushed a LoRA into an engine, vLLM-Omni keeps those layers wrapped, and a full-weight sync is refused there (the
+last test shows it). A full fine-tuning FSDP2 actor (``model.lora.rank=0``, KL reference on) on a one-rank gloo
+group, in this process. The buckets go the way the trainer sends them minus Ray (the actor builds each, the
+engine's workers check and load it); the trainer run over Ray is ``tests/trainer/test_flowgrpo_full_ft_e2e.py``.
+"""
+
+import pytest
+import torch
+from test_lora_sync import LOGPROB_BOUND, N, actor_batch, sample_group
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+# a few buckets of the tiny transformer (1.3 MB, largest tensor 96 KB)
+BUCKET_BYTES = 256 << 10
+ADVANTAGES = torch.tensor([1.0, -1.0, 1.0, -1.0])
+
+
+@pytest.fixture(scope="module")
+def engine(own_engine):
+    """An engine that never served a LoRA (the package's ``engine`` may have, in an earlier module)."""
+    return own_engine
+
+
+@pytest.fixture(scope="module")
+def actor(process_group, tiny_qwen_image_path):
+    from actor.actor_helpers import build_actor
+
+    return build_actor(tiny_qwen_image_path, lora_rank=0, lr=1e-4, ppo_mini_batch_size=N, kl_beta=0.04)
+
+
+@pytest.fixture(scope="module")
+def spec():
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    return SamplingSpec(num_inference_steps=4, height=32, width=32, noise_level=0.7, sde_type="sde", true_cfg_scale=4.0)
+
+
+def bucket(actor, plan, version, index):
+    from verl_omni.workers.rollout.weight_buckets import WeightBucket
+
+    return WeightBucket.build(version, index, len(plan), actor.engine.weight_bucket(plan, index))
+
+
+def sync(loop, engine, actor, version) -> dict:
+    """The trainer's sync without Ray: plan, every bucket built by the actor and loaded by the rollout, close."""
+    plan = actor.engine.weight_bucket_plan(BUCKET_BYTES)
+    loop.run(engine.begin_weight_sync(version, len(plan)))
+    for index in range(len(plan)):
+        assert loop.run(engine.load_weight_bucket(bucket(actor, plan, version, index))) > 0
+    return loop.run(engine.finish_weight_sync(version))
+
+
+@pytest.fixture(scope="module")
+def trained(loop, engine, prompts, actor, spec):
+    """One update of the full transformer on a sampled group, synced to the rollout: (group before, report)."""
+    before = sample_group(loop, engine, prompts, "full-before")
+    batch = actor_batch(before, ADVANTAGES)
+    batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+    batch["ref_prev_sample_mean"] = actor.compute_ref_prev_sample_mean(batch, spec)
+    metrics = actor.update_policy(batch, spec)
+    assert metrics["actor/logprob_diff_max"] <= LOGPROB_BOUND
+    return before, batch, sync(loop, engine, actor, version=1)
+
+
+def test_every_transformer_parameter_trains_and_the_reference_stays_the_base(actor, trained, spec):
+    module = actor.engine.module
+    assert all(p.requires_grad for p in module.parameters())
+    optimizer = actor.engine.optimizer
+    assert sum(len(group["params"]) for group in optimizer.param_groups) == len(list(module.parameters()))
+    # AdamW state exists for every parameter the replay reached (a few of the tiny model's get no gradient)
+    assert len(optimizer.state) > len(list(module.parameters())) // 2
+    _, batch, _ = trained
+    ref = actor.compute_ref_prev_sample_mean(batch, spec)
+    assert torch.equal(ref, batch["ref_prev_sample_mean"]), "the frozen reference did not move"
+    assert not torch.allclose(actor.infer(batch, spec)["prev_sample_mean"], ref), "the policy moved"
+
+
+def test_synced_rollout_samples_with_the_trained_weights(loop, engine, prompts, actor, trained, spec):
+    before, _, report = trained
+    plan = actor.engine.weight_bucket_plan(BUCKET_BYTES)
+    assert report["buckets"] == len(plan) > 2
+    assert report["bytes"] == sum(p.numel() * p.element_size() for p in actor.engine.module.parameters())
+    after = sample_group(loop, engine, prompts, "full-after")
+    assert all(not torch.equal(a.diffusion_output, b.diffusion_output) for a, b in zip(before, after, strict=True))
+    synced = torch.stack([o.rollout_log_probs for o in after])
+    replayed = actor.compute_log_prob(actor_batch(after, torch.zeros(N)), spec)
+    diff = (replayed - synced).abs().max().item()
+    print(f"max |log π_actor − log π_rollout| after the full-weight sync: {diff:.2e}")
+    assert diff <= LOGPROB_BOUND
+
+
+def test_dropped_or_corrupted_bucket_fails_the_sync_naming_it(loop, engine, prompts, actor, trained):
+    from verl_omni.workers.rollout.weight_buckets import WeightSyncError
+
+    plan = actor.engine.weight_bucket_plan(BUCKET_BYTES)
+    # bucket 1 never arrives (what a lost transfer leaves)
+    loop.run(engine.begin_weight_sync(2, len(plan)))
+    for index in [i for i in range(len(plan)) if i != 1]:
+        loop.run(engine.load_weight_bucket(bucket(actor, plan, 2, index)))
+    with pytest.raises(WeightSyncError, match=r"lost buckets \[1\]"):
+        loop.run(engine.finish_weight_sync(2))
+    # bucket 0 changes after the sender's checksum (what a corrupted transfer leaves): refused unloaded
+    loop.run(engine.begin_weight_sync(3, len(plan)))
+    corrupted = bucket(actor, plan, 3, 0)
+    name = next(iter(corrupted.tensors))
+    corrupted.tensors[name] = corrupted.tensors[name] + 1e-3
+    with pytest.raises(WeightSyncError, match="bucket 0 of weight sync 3 is corrupted"):
+        loop.run(engine.load_weight_bucket(corrupted))
+    # a complete sync afterwards succeeds: the rollout is consistent with the actor again
+    assert sync(loop, engine, actor, version=4)["buckets"] == len(plan)
+
+
+def test_checkpoint_is_a_diffusers_transformer_with_the_actors_velocity_and_resumes(
+    actor, trained, spec, tiny_qwen_image_path, tmp_path
+):
+    from actor.actor_helpers import build_actor
+    from diffusers import QwenImageTransformer2DModel
+
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+
+    _, batch, _ = trained
+    actor.engine.save_checkpoint(str(tmp_path / "actor"), global_step=1)
+    assert not (tmp_path / "actor" / "lora").exists()
+    saved = QwenImageTransformer2DModel.from_pretrained(tmp_path / "actor" / "transformer").eval()
+    vae_scale = actor.engine.vae_scale_factor
+    with torch.no_grad(), actor.engine.eval_mode():
+        expected = QwenImageTrainingAdapter.step_velocity(actor.engine.module, batch, 0, spec, vae_scale)
+        loaded = QwenImageTrainingAdapter.step_velocity(saved, batch, 0, spec, vae_scale)
+    print(f"max |v_saved − v_actor|: {(loaded - expected).abs().max().item():.2e}")
+    assert torch.allclose(loaded, expected, atol=1e-6, rtol=0)
+
+    resumed = build_actor(tiny_qwen_image_path, lora_rank=0, lr=1e-4, ppo_mini_batch_size=N, kl_beta=0.04)
+    resumed.engine.load_checkpoint(str(tmp_path / "actor"))
+    assert torch.equal(resumed.compute_log_prob(batch, spec), actor.compute_log_prob(batch, spec))
+    # the optimizer state came back too: one more identical update keeps the two identical
+    for one in (actor, resumed):
+        one.update_policy(batch, spec)
+    assert torch.equal(resumed.compute_log_prob(batch, spec), actor.compute_log_prob(batch, spec))
+
+
+def test_loaded_weights_change_the_samples_and_the_original_weights_restore_them(
+    loop, engine, prompts, trained, tiny_qwen_image_path
+):
+    """``engine.load_weights`` (the checked sync from a state dict): scaled attention weights change every sample,
+    the base weights bring the base samples back bit for bit. Runs after ``trained`` has synced its update."""
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+
+    original = QwenImageTrainingAdapter.load_transformer(tiny_qwen_image_path).state_dict()
+    assert loop.run(engine.load_weights(original))["params"] > 0
+    base = sample_group(loop, engine, prompts, "weights-base")
+    changed = {name: t * 1.5 if ".attn.to_" in name else t for name, t in original.items()}
+    assert loop.run(engine.load_weights(changed))["params"] > 0
+    after = sample_group(loop, engine, prompts, "weights-changed")
+    assert all(not torch.equal(a.diffusion_output, b.diffusion_output) for a, b in zip(base, after, strict=True))
+    loop.run(engine.load_weights(original))
+    restored = sample_group(loop, engine, prompts, "weights-restored")
+    assert all(torch.equal(r.diffusion_output, b.diffusion_output) for r, b in zip(restored, base, strict=True))
+
+
+def test_a_rollout_that_served_a_lora_refuses_the_full_weight_sync_naming_why(loop, engine, actor, trained):
+    """Last in the module: it leaves the engine with LoRA-wrapped layers. Without the refusal the sync would skip
+    the wrapped layers' base weights and fail only at its end (``wrote 49 of the rollout's 61 parameters``)."""
+    from peft import LoraConfig
+
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.workers.rollout.weight_buckets import WeightSyncError
+
+    weights = dict(actor.engine.module.named_parameters())
+    lora = {}
+    for sub in ("to_q", "to_k", "to_v"):
+        out_features, in_features = weights[f"transformer_blocks.0.attn.{sub}.weight"].shape
+        lora[f"transformer_blocks.0.attn.{sub}.lora_A.weight"] = torch.zeros(2, in_features)
+        lora[f"transformer_blocks.0.attn.{sub}.lora_B.weight"] = torch.zeros(out_features, 2)
+    peft_config = LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "to_k", "to_v"]).to_dict()
+    config, tensors = QwenImageTrainingAdapter.rollout_lora(lora, peft_config)
+    assert loop.run(engine.load_lora_tensors(config, tensors))
+    loop.run(engine.clear_lora())
+    with pytest.raises(WeightSyncError, match=r"carries LoRA layers .* this engine served a LoRA before"):
+        loop.run(engine.begin_weight_sync(5, 1))

@@ -1,0 +1,202 @@
+"""Full transformer weights on their way to the rollout: size-bounded buckets, each checked where it lands.
+
+A full fine-tuning run sends the whole transformer after every update (LoRA runs send the adapter,
+:mod:`~verl_omni.workers.rollout.weight_sync`). One sync is a numbered version of ``count`` buckets:
+
+* the sender plans the buckets from the tensors' names and sizes (:func:`plan_buckets`, in the
+  trained module's order, at most ``bucket_bytes`` each; a tensor larger than that travels alone),
+  and builds each as a :class:`WeightBucket` whose checksum covers its names, dtypes, shapes and bytes;
+* the receiver (:class:`WeightSyncReceiver`, one per rollout worker) checks every bucket's checksum
+  before it loads it, refuses buckets of another sync or a second copy of one, and at the end checks
+  that every bucket arrived and that every parameter of the rollout's module was written.
+
+A bucket lost or corrupted on the way therefore fails the sync with an error naming it, instead of
+leaving the rollout sampling from a mix of old and new weights while training looks healthy. The
+transport is not this module's: on CPU buckets travel through Ray's object store (shared memory on a
+node, ``weight_sync.push_full_weights``) and the engine's worker RPC; GPU transports (CUDA IPC
+colocated, NCCL between pools) would carry the same buckets (``docs/actor.md``, full fine-tuning).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class WeightSyncError(RuntimeError):
+    """A full-weight sync did not deliver the trained weights intact (a bucket lost, corrupted or unloaded)."""
+
+
+def bucket_checksum(tensors: Mapping[str, torch.Tensor]) -> str:
+    """A content hash of a bucket: names, dtypes, shapes and the raw bytes of every tensor, in order."""
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def plan_buckets(sizes: Iterable[tuple[str, int]], bucket_bytes: int) -> list[list[str]]:
+    """Names grouped into buckets of at most ``bucket_bytes`` (in the given order); a larger tensor gets its own.
+
+    Args:
+        sizes: ``(name, bytes)`` of every tensor to send, in the order the sender walks its module.
+        bucket_bytes: the bound on one bucket's payload (> 0).
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    buckets: list[list[str]] = []
+    current: list[str] = []
+    filled = 0
+    for name, nbytes in sizes:
+        if current and filled + nbytes > bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+        current.append(name)
+        filled += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+@dataclass
+class WeightBucket:
+    """One bucket of one sync.
+
+    Args:
+        version (`int`): the sync it belongs to (the trainer's global step).
+        index (`int`): its position in the sync, ``0 <= index < count``.
+        count (`int`): buckets in the sync.
+        tensors (`dict[str, torch.Tensor]`): full tensors on CPU under the trained module's (diffusers) names.
+        checksum (`str`): :func:`bucket_checksum` of ``tensors`` as the sender built them.
+    """
+
+    version: int
+    index: int
+    count: int
+    tensors: dict[str, torch.Tensor] = field(repr=False)
+    checksum: str
+
+    @classmethod
+    def build(cls, version: int, index: int, count: int, tensors: Mapping[str, torch.Tensor]) -> WeightBucket:
+        """The bucket of ``tensors`` (moved to CPU), checksummed by the sender."""
+        cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+        return cls(version, index, count, cpu, bucket_checksum(cpu))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    def to_fields(self) -> dict:
+        """Plain fields for an RPC that rebuilds objects on the way (the engine's worker RPC)."""
+        return {
+            "version": self.version,
+            "index": self.index,
+            "count": self.count,
+            "tensors": self.tensors,
+            "checksum": self.checksum,
+        }
+
+
+def buckets_of(version: int, tensors: Mapping[str, torch.Tensor], bucket_bytes: int) -> Iterable[WeightBucket]:
+    """The buckets of a whole state dict held in memory (a test, or a caller that already has every tensor)."""
+    plan = plan_buckets(((n, t.numel() * t.element_size()) for n, t in tensors.items()), bucket_bytes)
+    for index, names in enumerate(plan):
+        yield WeightBucket.build(version, index, len(plan), {n: tensors[n] for n in names})
+
+
+class WeightSyncReceiver:
+    """The rollout worker's side of a sync: checks each bucket, loads it, and checks the whole at the end.
+
+    Args:
+        load (`Callable[[list[tuple[str, torch.Tensor]]], set[str]]`): writes named tensors into the rollout
+            model and returns the names of what it set (the pipeline's ``load_weights``, prefix applied).
+        expected (`Callable[[], set[str]]`): the parameter names of the rollout's module that a complete sync
+            must write (read when a sync starts).
+    """
+
+    def __init__(self, load: Callable[[list[tuple[str, torch.Tensor]]], set[str]], expected: Callable[[], set[str]]):
+        self.load = load
+        self.expected = expected
+        self.version: int | None = None
+        self.count = 0
+        self.received: dict[int, int] = {}
+        self.loaded: set[str] = set()
+        self.bytes = 0
+        self.broken: str | None = None
+
+    def begin(self, version: int, count: int) -> None:
+        """Start sync ``version`` of ``count`` buckets (a sync left unfinished is dropped with a warning)."""
+        if count < 1:
+            raise WeightSyncError(f"weight sync {version} announces {count} buckets: nothing to send")
+        if self.version is not None:
+            logger.warning("weight sync %s was not finished before sync %s began", self.version, version)
+        self.version, self.count = version, count
+        self.received, self.loaded, self.bytes, self.broken = {}, set(), 0, None
+
+    def receive(self, bucket: WeightBucket) -> int:
+        """Check ``bucket`` and load it; returns how many names the rollout set from it."""
+        if self.version is None or bucket.version != self.version:
+            raise WeightSyncError(
+                f"bucket {bucket.index} of weight sync {bucket.version} arrived while sync {self.version} is open"
+            )
+        if bucket.count != self.count or not 0 <= bucket.index < self.count:
+            raise WeightSyncError(
+                f"bucket {bucket.index}/{bucket.count} of weight sync {bucket.version} does not fit its "
+                f"announced {self.count} buckets"
+            )
+        if bucket.index in self.received:
+            raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version} arrived twice")
+        actual = bucket_checksum(bucket.tensors)
+        if actual != bucket.checksum:
+            self.broken = f"bucket {bucket.index} corrupted"
+            raise WeightSyncError(
+                f"bucket {bucket.index} of weight sync {bucket.version} is corrupted: checksum {actual} on arrival, "
+                f"{bucket.checksum} when sent (tensors {sorted(bucket.tensors)[:4]}...); it was not loaded"
+            )
+        loaded = self.load(list(bucket.tensors.items()))
+        if not loaded:
+            self.broken = f"bucket {bucket.index} loaded nothing"
+            raise WeightSyncError(
+                f"bucket {bucket.index} of weight sync {bucket.version} set no rollout parameter (names like "
+                f"{sorted(bucket.tensors)[:4]}): the rollout does not know these names"
+            )
+        self.received[bucket.index] = len(loaded)
+        self.loaded |= set(loaded)
+        self.bytes += bucket.nbytes
+        return len(loaded)
+
+    def finish(self, version: int) -> dict[str, int]:
+        """Close sync ``version``: every bucket arrived and every expected parameter was written, else raise.
+
+        Returns:
+            ``{"buckets", "bytes", "params"}``: what this sync delivered (params: expected names written).
+        """
+        if self.version != version:
+            raise WeightSyncError(f"finish of weight sync {version}, but sync {self.version} is open")
+        self.version = None
+        if self.broken:
+            raise WeightSyncError(
+                f"weight sync {version} failed earlier ({self.broken}): the rollout weights are mixed"
+            )
+        missing_buckets = sorted(set(range(self.count)) - set(self.received))
+        if missing_buckets:
+            raise WeightSyncError(
+                f"weight sync {version} lost buckets {missing_buckets} of {self.count}: the rollout holds a mix of "
+                "old and new weights"
+            )
+        expected = self.expected()
+        unwritten = sorted(expected - self.loaded)
+        if unwritten:
+            raise WeightSyncError(
+                f"weight sync {version} wrote {len(expected) - len(unwritten)} of the rollout's {len(expected)} "
+                f"parameters; not written: {unwritten[:6]}"
+            )
+        return {"buckets": self.count, "bytes": self.bytes, "params": len(expected)}
