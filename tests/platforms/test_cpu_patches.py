@@ -19,10 +19,25 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert dummy_run.__name__ == "_sized_dummy_run"
     from vllm_omni.diffusion import diffusion_engine
 
-    # the module global step_streaming reads at each wait
-    assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT == cpu_patches.OUTPUT_READY_TIMEOUT_S > 30.0
+    # the module global step_streaming reads at each wait; an engine started earlier in this process may have
+    # raised it further (its warm-up's own bound, engine_start_timeout_s), never lowered it
+    assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT >= cpu_patches.OUTPUT_READY_TIMEOUT_S > 30.0
     cpu_patches.apply_all()
     assert DiffusionEngine._dummy_run is dummy_run
+
+
+def test_output_ready_wait_keeps_a_longer_wait_an_engine_start_set_first(monkeypatch):
+    from vllm_omni.diffusion import diffusion_engine
+
+    # the order the CI run met: an engine's warm-up (engine_start_timeout_s 1200) before this patch
+    monkeypatch.setattr(diffusion_engine, "_ASYNC_OUTPUT_TIMEOUT", 1200.0)
+    monkeypatch.setattr(cpu_patches, "_applied", cpu_patches._applied - {"output_ready_wait"})
+    cpu_patches.patch_output_ready_wait()
+    assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT == 1200.0
+    monkeypatch.setattr(diffusion_engine, "_ASYNC_OUTPUT_TIMEOUT", 30.0)
+    monkeypatch.setattr(cpu_patches, "_applied", cpu_patches._applied - {"output_ready_wait"})
+    cpu_patches.patch_output_ready_wait()
+    assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT == cpu_patches.OUTPUT_READY_TIMEOUT_S
 
 
 def test_patches_are_skipped_with_a_warning_naming_them_on_another_version(caplog):

@@ -296,12 +296,13 @@ def patch_output_ready_wait() -> None:
     (``diffusion_engine._ASYNC_OUTPUT_TIMEOUT``) for the worker's output thread to pack a finished request's output,
     then fails the request with an empty error. On a loaded 2-core CPU machine that packing thread shares the cores
     with other engines and trainer processes and has taken longer (the two-replica trainer test failed so); the
-    wait becomes :data:`OUTPUT_READY_TIMEOUT_S`."""
+    wait becomes at least :data:`OUTPUT_READY_TIMEOUT_S` (an engine's longer warm-up wait, set first, is kept)."""
     if "output_ready_wait" in _applied:
         return
     from vllm_omni.diffusion import diffusion_engine
 
-    diffusion_engine._ASYNC_OUTPUT_TIMEOUT = OUTPUT_READY_TIMEOUT_S
+    # never shorter than a wait an engine's warm-up already asked for (the module value is shared)
+    diffusion_engine._ASYNC_OUTPUT_TIMEOUT = max(diffusion_engine._ASYNC_OUTPUT_TIMEOUT, OUTPUT_READY_TIMEOUT_S)
     _applied.add("output_ready_wait")
     logger.info("verl_omni CPU patch applied: DiffusionEngine output-ready wait %.0f s", OUTPUT_READY_TIMEOUT_S)
 
