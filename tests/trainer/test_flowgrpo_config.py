@@ -82,6 +82,7 @@ BAD_CONFIGS = [
     ),
     (["trainer.trainer_mode=separate_async", "trainer.colocate_rollout=true"], "trainer.colocate_rollout=false"),
     (["trainer.trainer_mode=separate_async"], "use_rollout_log_probs=true"),
+    (["actor_rollout_ref.actor.rollout_log_prob_check_freq=-1"], "actor.rollout_log_prob_check_freq"),
 ]
 
 

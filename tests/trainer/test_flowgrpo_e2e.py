@@ -13,7 +13,8 @@ Trainer runs (each a subprocess of the real entry point) on the session's two-no
 
 The output-directory checks that need no trainer (refusals, the fallback when the tracker names
 a missing checkpoint) run on copies of ``two``'s directory, so they see what the real checkpoint
-code writes. The one-replica run of every model is ``test_flowgrpo_models_e2e.py``.
+code writes. The one-replica run of every other model is ``test_flowgrpo_models_e2e.py``; ``two`` is Qwen-Image's
+(its summary's diffusers lines load its LoRA into QwenImagePipeline there too).
 
 Prompts have different token lengths (the rollout right-pads ``prompt_embeds``; the actor must
 replay the padded batch exactly).
@@ -26,7 +27,7 @@ import shutil
 
 import pytest
 import torch
-from trainer_helpers import by_step, check_run, lora_of, run_entry_point, run_trainer
+from trainer_helpers import LOGPROB_BOUND, by_step, check_run, check_summary, lora_of, run_entry_point, run_trainer
 
 from verl_omni.trainer.flowgrpo import run_dir
 
@@ -49,6 +50,8 @@ TWO_RANK_ARGS = (
     "actor_rollout_ref.rollout.n_gpus_per_node=1",
     "actor_rollout_ref.rollout.true_cfg_scale=4.0",
     "actor_rollout_ref.actor.use_rollout_log_probs=true",
+    # bypass, with the actor's replay checked against the rollout's log-probs at the last step
+    f"actor_rollout_ref.actor.rollout_log_prob_check_freq={STEPS}",
 )
 
 
@@ -104,10 +107,13 @@ def resumed(two, ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_facto
     return out, records
 
 
-def test_two_replicas_two_ranks_train_with_rollout_log_probs(two):
+def test_two_replicas_two_ranks_train_with_rollout_log_probs(two, tiny_qwen_image_path):
     run, records, _ = two
     check_run(run, records, STEPS, extra_keys=())
+    check_summary(run, tiny_qwen_image_path, STEPS)
     assert "timing_s/old_log_prob" not in by_step(records)[1], "bypass mode skips the phase"
+    # ... except at the check's steps: the actor's replay against the rollout's log-probs, logged
+    assert by_step(records)[STEPS]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
     assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{s}" for s in range(1, STEPS + 1)]
 
 

@@ -1,6 +1,6 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (Qwen-Image, SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
+``one[<model>]`` (SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
 Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
 video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
@@ -19,20 +19,19 @@ files side by side.
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import pytest
-import torch
-from trainer_helpers import LOGPROB_BOUND, check_run, run_trainer
+from trainer_helpers import LOGPROB_BOUND, PIPELINE_ARGS, check_run, check_summary, run_trainer
 
 from verl_omni.trainer.flowgrpo import run_dir
 
 # a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
-# the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise
-MODELS = ("qwen_image", "sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
+# the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise;
+# Qwen-Image's run is test_flowgrpo_e2e.py's two-replica one (the same checks, its summary's included)
+MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
@@ -42,9 +41,6 @@ MODEL_ARGS = {
 }
 # the models whose prompts carry source images (an editing set)
 EDITING = ("qwen_image_edit", "flux_kontext")
-# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check);
-# FluxKontextPipeline would sample and condition at about 1024² (max_area, auto-resize) instead of 32²
-PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}, "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False}}
 # the last step of every run
 STEPS = 2
 
@@ -68,49 +64,6 @@ def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_p
     )
     print(f"{request.param}: 1 replica + 1 rank, {STEPS} steps: {wall:.0f} s")
     return out, records, model
-
-
-def check_summary(run, model, steps: int) -> None:
-    """The summary's diffusers lines, executed as printed, load the run's final (trained) LoRA into the model's
-    pipeline, and it changes the pipeline's image; the curve is a PNG."""
-    from PIL import Image
-
-    from verl_omni.trainer.flowgrpo.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
-
-    lines = (run / SUMMARY_FILE).read_text().splitlines()
-    assert lines[0].startswith(f"Flow-GRPO run finished: {steps} of {steps} steps")
-    code = "\n".join(line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :])
-    print(code)
-    assert f"from_pretrained({str(model)!r})" in code and f"global_step_{steps}" in code
-    assert "load_lora_weights(" in code
-    namespace = {}
-    exec(code, namespace)
-    pipe = namespace["pipe"]
-    assert pipe.get_active_adapters(), "no LoRA adapter loaded"
-    # every transformer of the pipeline (the A14B's two experts) holds the trained LoRA
-    for name in ("transformer", "transformer_2"):
-        transformer = getattr(pipe, name, None)
-        if transformer is None:
-            continue
-        lora_b = [p for n, p in transformer.named_parameters() if "lora_B" in n]
-        assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, f"{name}: the LoRA is not the trained one"
-    # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
-    pipe.set_progress_bar_config(disable=True)
-    kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
-    kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
-    if "image" in inspect.signature(pipe.__call__).parameters:  # an editing pipeline: a source image
-        kwargs["image"] = Image.new("RGB", (32, 32), (200, 40, 40))
-
-    def sample():
-        # an image pipeline's output has .images, a video pipeline's .frames
-        out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
-        return out.frames if hasattr(out, "frames") else out.images
-
-    tuned = sample()
-    pipe.disable_lora()
-    base = sample()
-    assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
-    assert Image.open(run / CURVE_FILE).size == (640, 400)
 
 
 def check_videos(run, model) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -167,3 +168,52 @@ def check_run(run: Path, records: list[dict], steps: int, extra_keys: tuple[str,
     before, after = image_of(run / "images" / "val_step_0.png"), image_of(run / "images" / f"val_step_{steps}.png")
     assert before.shape == after.shape and (before != after).any()
     assert {"val/score/mean", "val/score/max", "val/score/min"} <= set(metrics[steps])
+
+
+# per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check);
+# FluxKontextPipeline would sample and condition at about 1024² (max_area, auto-resize) instead of 32²
+PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}, "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False}}
+
+
+def check_summary(run, model, steps: int) -> None:
+    """The summary's diffusers lines, executed as printed, load the run's final (trained) LoRA into the model's
+    pipeline, and it changes the pipeline's image; the curve is a PNG."""
+    import torch
+    from PIL import Image
+
+    from verl_omni.trainer.flowgrpo.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
+
+    lines = (run / SUMMARY_FILE).read_text().splitlines()
+    assert lines[0].startswith(f"Flow-GRPO run finished: {steps} of {steps} steps")
+    code = "\n".join(line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :])
+    print(code)
+    assert f"from_pretrained({str(model)!r})" in code and f"global_step_{steps}" in code
+    assert "load_lora_weights(" in code
+    namespace = {}
+    exec(code, namespace)
+    pipe = namespace["pipe"]
+    assert pipe.get_active_adapters(), "no LoRA adapter loaded"
+    # every transformer of the pipeline (the A14B's two experts) holds the trained LoRA
+    for name in ("transformer", "transformer_2"):
+        transformer = getattr(pipe, name, None)
+        if transformer is None:
+            continue
+        lora_b = [p for n, p in transformer.named_parameters() if "lora_B" in n]
+        assert lora_b and sum(float(p.detach().norm()) for p in lora_b) > 0, f"{name}: the LoRA is not the trained one"
+    # the same seed with the adapter on and off: a LoRA bound to no module would draw the same image
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
+    kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
+    if "image" in inspect.signature(pipe.__call__).parameters:  # an editing pipeline: a source image
+        kwargs["image"] = Image.new("RGB", (32, 32), (200, 40, 40))
+
+    def sample():
+        # an image pipeline's output has .images, a video pipeline's .frames
+        out = pipe(generator=torch.Generator().manual_seed(0), **kwargs)
+        return out.frames if hasattr(out, "frames") else out.images
+
+    tuned = sample()
+    pipe.disable_lora()
+    base = sample()
+    assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
+    assert Image.open(run / CURVE_FILE).size == (640, 400)

@@ -314,8 +314,8 @@ class RayFlowGRPOTrainer(PPOTrainer):
         if "rm_scores" not in batch.batch.keys():
             with self._phase("reward", timing_raw):
                 batch = self._compute_reward(batch, metrics)
-        # 4. the old policy's replay by the actor (else the rollout's log-probs are used)
-        if self.recompute_old_log_prob:
+        # 4. the old policy's replay by the actor (else the rollout's log-probs are used, checked now and then)
+        if self.recompute_old_log_prob or self._rollout_log_prob_check_due(batch):
             with self._phase("old_log_prob", timing_raw):
                 batch = self._compute_old_log_prob(batch, metrics)
         # 5. the reference's means, for the KL term
@@ -380,7 +380,23 @@ class RayFlowGRPOTrainer(PPOTrainer):
             # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
             diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
             metrics["old_log_prob/rollout_diff_max"] = diff
+            clip = self.configs.actor.clip_ratio
+            if self.configs.actor.use_rollout_log_probs and diff > clip:
+                logger.warning(
+                    "step %d: the actor's log-probs are %.3g from the rollout's, more than actor.clip_ratio (%g): "
+                    "the ratio divides by the rollout's (actor.use_rollout_log_probs=true) and is off by as much as "
+                    "it may move; check the rollout's weights and dtype, or set actor.use_rollout_log_probs=false",
+                    self.global_steps,
+                    diff,
+                    clip,
+                )
         return batch
+
+    def _rollout_log_prob_check_due(self, batch: DataProto) -> bool:
+        """In bypass (the loss divides by the rollout's log-probs), whether this step replays the batch anyway to
+        log how far the actor is from the rollout (``actor.rollout_log_prob_check_freq``)."""
+        freq = self.configs.actor.rollout_log_prob_check_freq
+        return freq > 0 and self.global_steps % freq == 0 and "rollout_log_probs" in batch.batch.keys()
 
     def _old_policy_request(self, batch: DataProto) -> DataProto:
         """The actor's input for the old policy's replay: the current weights, the ones that sampled the batch."""

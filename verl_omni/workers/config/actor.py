@@ -33,6 +33,11 @@ class DiffusionActorConfig(BaseConfig):
             instead of recomputing it with the actor (skips the ``old_log_prob`` phase). Valid
             because the rollout always samples with the actor's current weights (synced every
             step); the two agree to numerics (``docs/actor.md``).
+        rollout_log_prob_check_freq (int): with ``use_rollout_log_probs``, every this many steps the actor still
+            replays the batch (the ``old_log_prob`` phase; the loss keeps the rollout's log-probs) and logs the
+            gap as ``old_log_prob/rollout_diff_max``: the bypass assumes that gap is numerics, and a rollout that
+            drifts from the actor (stale weights, a dtype or kernel change) shows here instead of as a silently
+            wrong ratio. 0 never checks.
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
         checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
@@ -47,6 +52,7 @@ class DiffusionActorConfig(BaseConfig):
     kl_beta: float = 0.0
     seed: int = 0
     use_rollout_log_probs: bool = False
+    rollout_log_prob_check_freq: int = 0
     engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -59,6 +65,9 @@ class DiffusionActorConfig(BaseConfig):
             raise ValueError(f"actor.clip_ratio must be > 0, got {self.clip_ratio}")
         if self.kl_beta < 0:
             raise ValueError(f"actor.kl_beta must be >= 0, got {self.kl_beta}")
+        freq = self.rollout_log_prob_check_freq
+        if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
+            raise ValueError(f"actor.rollout_log_prob_check_freq must be an integer >= 0 (0: never), got {freq!r}")
         self._check_optim()
         if self.engine.strategy != "fsdp2":
             raise ValueError(
