@@ -2,14 +2,18 @@
 
 ``full``: the tiny Qwen-Image, 1 actor rank + 1 rollout replica colocated with it (the one-GPU layout) on the
 session's Ray cluster, the KL term on (the frozen reference copy), 1 MB buckets (the 1.3 MB transformer in 2),
-2 steps, the actor recomputing log π_old, a checkpoint every step. The trainer's sync path runs for real: the actor
+2 steps, the actor recomputing log π_old, a checkpoint and a validation every step, an EMA of the weights
+(``actor.ema_decay``) that validation samples. The trainer's sync path runs for real: the actor
 rank builds each checksummed bucket, its Ray object reference goes to the replica's server, the rollout workers
 check and load it. After step 1's sync, step 2's rollout must sample with the trained weights: its log-probs equal
 the actor's recompute (``old_log_prob/rollout_diff_max``), which the base weights would miss by far more than the
-bound (checked on a recorded batch). ``checkpoint_actor``: step 1's checkpoint loaded into a one-rank actor in this
-process by the engine's resume path; the checkpoint's ``transformer/`` loaded by diffusers predicts its velocity.
+bound (checked on a recorded batch); step 1's validation sampled the EMA, so step 2's rollout matching the actor also
+shows the live weights went back after it. ``checkpoint_actor``: step 1's checkpoint loaded into a one-rank actor in this
+process by the engine's resume path; the checkpoint's ``transformer/`` loaded by diffusers predicts its velocity,
+its ``transformer_ema/`` is the EMA of the base and the two steps' weights.
 ``resumed``: ``full`` killed while saving step 2 (``test_flowgrpo_e2e.killed_mid_save``), resumed (the resumed
-actor's weights synced to the rollout before step 2): step 2 bit-identical. A dropped or corrupted bucket is caused
+actor's weights synced to the rollout before step 2): step 2 bit-identical, its EMA-sampled validation and EMA
+export included. A dropped or corrupted bucket is caused
 on the real engine in ``tests/workers/test_full_weight_sync.py``.
 """
 
@@ -27,13 +31,15 @@ from verl_omni.trainer.flowgrpo import run_dir
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # lr 1e-3: one AdamW step of the whole transformer moves its log-probs well past the probe's bound
+EMA_DECAY = 0.5
 FULL_FT_ARGS = (
     "actor_rollout_ref.model.lora.rank=0",
     "actor_rollout_ref.actor.optim.lr=1e-3",
     "actor_rollout_ref.actor.kl_beta=0.04",
+    f"actor_rollout_ref.actor.ema_decay={EMA_DECAY}",
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
     f"trainer.total_training_steps={STEPS}",
-    f"trainer.test_freq={STEPS}",
+    "trainer.test_freq=1",
     "trainer.save_freq=1",
     "trainer.colocate_rollout=true",
 )
@@ -86,10 +92,10 @@ def checkpoint_actor(full, tiny_qwen_image_path):
         dist.destroy_process_group()
 
 
-def transformer_of(run, step: int):
+def transformer_of(run, step: int, name: str = "transformer"):
     from diffusers import QwenImageTransformer2DModel
 
-    return QwenImageTransformer2DModel.from_pretrained(run / f"global_step_{step}" / "actor" / "transformer").eval()
+    return QwenImageTransformer2DModel.from_pretrained(run / f"global_step_{step}" / "actor" / name).eval()
 
 
 def test_full_fine_tuning_trains_syncs_in_checked_buckets_and_the_rollout_samples_with_it(full):
@@ -107,6 +113,8 @@ def test_full_fine_tuning_trains_syncs_in_checked_buckets_and_the_rollout_sample
         assert metrics[step]["actor/logprob_diff_max"] <= LOGPROB_BOUND
         # the rollout's log-probs of what it sampled equal the actor's: at step 2 those are step 1's synced weights
         assert metrics[step]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
+    # step 1's validation sampled the EMA (pushed to the rollout, then the live weights back): the step-2 probe above
+    assert "val/score/mean" in metrics[1]
     # validation draws the same noise every time (ODE): other images after training = the rollout has new weights
     before, after = image_of(run / "images" / "val_step_0.png"), image_of(run / "images" / f"val_step_{STEPS}.png")
     assert before.shape == after.shape and (before != after).any()
@@ -147,11 +155,35 @@ def test_checkpoint_is_a_diffusers_transformer_with_the_actors_velocity(
     assert stale > LOGPROB_BOUND
 
 
+def test_the_ema_transformer_loads_in_diffusers_and_is_the_ema_of_the_base_and_each_steps_weights(
+    full, tiny_qwen_image_path
+):
+    from diffusers import QwenImageTransformer2DModel
+
+    run, _ = full
+    base = QwenImageTransformer2DModel.from_pretrained(tiny_qwen_image_path / "transformer").state_dict()
+    live = [transformer_of(run, step).state_dict() for step in range(1, STEPS + 1)]
+    ema = transformer_of(run, STEPS, "transformer_ema").state_dict()
+    assert ema.keys() == base.keys()
+    for other in (base, live[-1]):
+        moved = [name for name, t in other.items() if not torch.equal(ema[name], t)]
+        assert len(moved) > len(base) // 2, f"only {len(moved)} of {len(base)} EMA tensors differ"
+    # ema_0 = base, ema_k = d·ema_(k-1) + (1 − d)·θ_k after each of the run's optimizer steps (one per step here)
+    expected = dict(base)
+    for weights in live:
+        expected = {name: EMA_DECAY * t + (1 - EMA_DECAY) * weights[name] for name, t in expected.items()}
+    gap = max((ema[name] - t).abs().max().item() for name, t in expected.items())
+    print(f"max |EMA export − EMA of the checkpoints' weights|: {gap:.2e}")
+    assert gap <= 1e-6
+
+
 def test_the_summary_lines_load_the_trained_transformer_into_the_models_pipeline(full):
     from verl_omni.trainer.flowgrpo.summary import SUMMARY_FILE, TRANSFORMER_HEADER
 
     run, _ = full
     lines = (run / SUMMARY_FILE).read_text().splitlines()
+    ema = run_dir.step_dir(run, STEPS) / "actor" / "transformer_ema"
+    assert any(line.startswith("  final EMA transformer") and line.endswith(str(ema)) for line in lines)
     code = "\n".join(line.strip() for line in lines[lines.index(f"  {TRANSFORMER_HEADER}") + 1 :])
     print(code)
     scope: dict = {}
@@ -170,6 +202,7 @@ def test_full_fine_tuning_resume_after_a_kill_mid_save_is_bit_identical(full, re
     assert len(compared) > 10
     assert {k: got[k] for k in compared} == {k: expected[k] for k in compared}
     assert run_dir.checkpoint_problem(run_dir.step_dir(run, STEPS), world_size=1) is None
-    a, b = transformer_of(source, STEPS).state_dict(), transformer_of(run, STEPS).state_dict()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, different[:4]
+    for name in ("transformer", "transformer_ema"):
+        a, b = transformer_of(source, STEPS, name).state_dict(), transformer_of(run, STEPS, name).state_dict()
+        different = [k for k in a if not torch.equal(a[k], b[k])]
+        assert not different, (name, different[:4])

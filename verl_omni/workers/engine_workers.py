@@ -6,8 +6,8 @@ forwards save/load checkpoint and offload to the engine. On top it exposes the a
 as DataProto methods split over the data-parallel ranks (``DP_COMPUTE_PROTO``):
 ``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ: LoRA disabled, or the
 frozen base copy of full fine-tuning), ``update_actor``, ``get_lora_params`` (LoRA tensors for the
-rollout) and, for full fine-tuning, ``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer
-in checked buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
+rollout) and, for full fine-tuning, ``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer, or the EMA of
+its weights, in checked buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
 
 The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
 lives in the actor's engine, so one worker covers verl's actor and ref roles.
@@ -80,6 +80,8 @@ class DiffusionActorWorker(TrainingWorker):
         self.engine.old_policy_adapter = phases.old_policy_adapter
         # full fine-tuning's reference is a frozen copy: built only when a KL term needs it
         self.engine.needs_reference = phases.reference
+        # full fine-tuning's EMA of the weights (validation and export), built with the sharded model
+        self.engine.ema_decay = self.actor_config.ema_decay
         self.engine.initialize()
         self.actor = DiffusionActor(self.engine, self.actor_config, algorithm_config)
 
@@ -135,11 +137,13 @@ class DiffusionActorWorker(TrainingWorker):
         return self.engine.weight_bucket_plan(bucket_bytes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    def get_weight_bucket(self, plan: list[list[str]], version: int, index: int) -> WeightBucket | None:
-        """Bucket ``index`` of sync ``version``, checksummed; every rank gathers its shards, rank 0 returns it
-        (non-blocking: the caller hands rank 0's object reference to the rollout servers, the bucket never
-        passes through the trainer process)."""
-        tensors = self.engine.weight_bucket(plan, index)
+    def get_weight_bucket(
+        self, plan: list[list[str]], version: int, index: int, ema: bool = False
+    ) -> WeightBucket | None:
+        """Bucket ``index`` of sync ``version`` (``ema``: of the EMA weights), checksummed; every rank gathers its
+        shards, rank 0 returns it (non-blocking: the caller hands rank 0's object reference to the rollout servers,
+        the bucket never passes through the trainer process)."""
+        tensors = self.engine.weight_bucket(plan, index, ema=ema)
         if dist.get_rank() != 0:
             return None
         return WeightBucket.build(version, index, len(plan), tensors)

@@ -118,6 +118,25 @@ def test_full_fine_tuning_summary_names_the_trained_transformer_and_its_diffuser
         f"transformer = QwenImageTransformer2DModel.from_pretrained({str(final)!r})",
         "pipe = QwenImagePipeline.from_pretrained('/models/qwen', transformer=transformer)",
     ]
+    assert "EMA" not in text
+
+
+def test_full_fine_tuning_summary_names_the_ema_transformer_when_the_checkpoint_has_one(tmp_path):
+    """``actor.ema_decay`` > 0 adds ``actor/transformer_ema`` beside ``actor/transformer``: the summary names it."""
+    import json
+
+    checkpoints = RunDir(root=tmp_path, world_size=1)
+    actor = checkpoints.begin_checkpoint(2) / "actor"
+    for name in ("transformer", "transformer_ema"):
+        (actor / name).mkdir(parents=True)
+        (actor / name / "config.json").write_text(json.dumps({"_class_name": "QwenImageTransformer2DModel"}))
+    checkpoints.commit_checkpoint(2)
+    text = write_summary(
+        tmp_path, 2, 1.0, "/models/qwen", "QwenImagePipeline", algorithm="Flow-GRPO", interrupted=False
+    )
+    final = tmp_path / "global_step_2" / "actor"
+    assert f"final transformer: {final / 'transformer'}\n" in text
+    assert f"final EMA transformer (actor.ema_decay, what validation sampled): {final / 'transformer_ema'}" in text
 
 
 def _pixels(image: np.ndarray, color) -> np.ndarray:

@@ -100,6 +100,16 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
         )
 
 
+def _check_ema(configs: FlowGRPOConfigs) -> None:
+    """The EMA of the weights averages the full transformer (``DiffusionActorConfig.ema_decay`` says why not a LoRA)."""
+    if configs.actor.ema_decay > 0 and configs.model.lora.rank > 0:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ema_decay={configs.actor.ema_decay} averages the full transformer, but "
+            f"actor_rollout_ref.model.lora.rank={configs.model.lora.rank} trains a LoRA: set "
+            "actor_rollout_ref.model.lora.rank=0 (full fine-tuning) or actor_rollout_ref.actor.ema_decay=0"
+        )
+
+
 def _check_model(configs: FlowGRPOConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
@@ -175,6 +185,7 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_reward_manager(config)
     _check_batches(config, configs)
     _check_phases(configs)
+    _check_ema(configs)
     _check_model(configs)
     _check_mode(configs)
     return configs

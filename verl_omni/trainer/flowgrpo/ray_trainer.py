@@ -448,15 +448,23 @@ class RayFlowGRPOTrainer(PPOTrainer):
 
         if self.colocate:
             self._call_servers("wake_up")
-        servers = self.llm_server_manager.server_handles
         if self.configs.model.lora.rank == 0:
-            bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
-            sync = weight_sync.push_full_weights(self.actor_rollout_wg, servers, self.global_steps, bucket_bytes)
-            metrics.update(asyncio.run(sync))
+            metrics.update(self._push_full_weights())
             return
+        servers = self.llm_server_manager.server_handles
         tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
         bound = asyncio.run(weight_sync.push_lora_to_replicas(servers, peft_config, tensors))
         metrics["sync/lora_modules_bound_min"] = min(bound)
+
+    def _push_full_weights(self, ema: bool = False) -> dict[str, float]:
+        """The actor's transformer (``ema``: the EMA of its weights) to every replica in checked buckets."""
+        from verl_omni.workers.rollout import weight_sync
+
+        bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
+        servers = self.llm_server_manager.server_handles
+        return asyncio.run(
+            weight_sync.push_full_weights(self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema)
+        )
 
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
         # a key the rollout did not record is reported by the actor's replay check, naming it
@@ -466,7 +474,20 @@ class RayFlowGRPOTrainer(PPOTrainer):
     # ---- validation, metrics, logging ------------------------------------------------------
 
     def _validate(self) -> dict[str, float]:
-        """ODE samples (noise 0) of the held-out prompts, scored; the image grid goes to disk and the tracker."""
+        """ODE samples (noise 0) of the held-out prompts, scored; the image grid goes to disk and the tracker.
+
+        With ``actor.ema_decay`` > 0 the EMA of the weights samples them: it goes to the rollout before and the live
+        weights after (at step 0 the two are the same, nothing is pushed); training rollouts never see it.
+        """
+        ema = self.configs.actor.ema_decay > 0 and self.global_steps > 0
+        if ema:
+            self._push_full_weights(ema=True)
+        metrics = self._validation_samples()
+        if ema:
+            self._push_full_weights()
+        return metrics
+
+    def _validation_samples(self) -> dict[str, float]:
         images, scores = [], []
         for batch_dict in self.val_dataloader:
             batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})

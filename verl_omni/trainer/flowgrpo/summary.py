@@ -3,13 +3,14 @@
 At the end of ``fit`` (and on Ctrl-C) the trainer calls :func:`write_summary`. It reads
 ``metrics.jsonl`` (one ``{"step": N, "data": {...}}`` line per step, verl's file backend), the
 image grids under ``images/`` and the checkpoints ``global_step_<N>/actor/lora`` (full fine-tuning:
-``global_step_<N>/actor/transformer``), and writes next to ``metrics.jsonl``:
+``global_step_<N>/actor/transformer``, and ``transformer_ema`` with ``actor.ema_decay``), and writes next to
+``metrics.jsonl``:
 
 * ``reward_curve.png``: training ``critic/score/mean`` and validation ``val/score/mean`` per step
   (drawn with PIL: matplotlib is not a dependency);
 * ``summary.txt``: the algorithm run (its title: ``DanceGRPO run finished``), steps done, wall time,
-  validation score first → last, where the metrics, grids and final LoRA (or trained transformer) are, and the
-  lines that load it in diffusers (the model adapter's ``lora_file_pipeline``). The same text is logged.
+  validation score first → last, where the metrics, grids and final LoRA (or trained transformer, and its EMA) are,
+  and the lines that load it in diffusers (the model adapter's ``lora_file_pipeline``). The same text is logged.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from verl_omni.workers.engine.fsdp.checkpoint import LORA_DIR, LORA_WEIGHT_NAME, TRANSFORMER_DIR, lora_load_calls
+from verl_omni.workers.engine.fsdp.checkpoint import (
+    LORA_DIR,
+    LORA_WEIGHT_NAME,
+    TRANSFORMER_DIR,
+    TRANSFORMER_EMA_DIR,
+    lora_load_calls,
+)
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -146,6 +153,9 @@ def summary_text(
     lora, transformer = final_lora(run_dir), final_transformer(run_dir)
     if transformer and not lora:
         lines.append(f"  final transformer: {transformer}")
+        ema = transformer.parent / TRANSFORMER_EMA_DIR
+        if (ema / "config.json").is_file():
+            lines.append(f"  final EMA transformer (actor.ema_decay, what validation sampled): {ema}")
         header, code = TRANSFORMER_HEADER, transformer_lines(pipeline, model_path, transformer)
     else:
         lines.append(f"  final LoRA: {lora}" if lora else "  final LoRA: none saved (trainer.save_freq <= 0?)")

@@ -38,6 +38,14 @@ class DiffusionActorConfig(BaseConfig):
             gap as ``old_log_prob/rollout_diff_max``: the bypass assumes that gap is numerics, and a rollout that
             drifts from the actor (stale weights, a dtype or kernel change) shows here instead of as a silently
             wrong ratio. 0 never checks.
+        ema_decay (float): full fine-tuning only: d of an exponential moving average of the trained transformer,
+            ``ema ← d·ema + (1 − d)·θ`` after every optimizer step, kept as an fp32 copy of each rank's local shards
+            on the host (4 bytes per local parameter). Validation samples with it and checkpoints export it as
+            ``transformer_ema/``; training rollouts always sample the live weights. 0 (default) keeps none; else in
+            (0, 1). Refused with LoRA (``model.lora.rank`` > 0, checked with the model in
+            ``verl_omni.trainer.config.validation``): a LoRA update is the product of two trained factors, and an
+            average of the factors is not the average of the products, so it would not be an average of the
+            policies trained (``docs/actor.md``).
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
         checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
@@ -53,6 +61,7 @@ class DiffusionActorConfig(BaseConfig):
     seed: int = 0
     use_rollout_log_probs: bool = False
     rollout_log_prob_check_freq: int = 0
+    ema_decay: float = 0.0
     engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -68,6 +77,10 @@ class DiffusionActorConfig(BaseConfig):
         freq = self.rollout_log_prob_check_freq
         if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
             raise ValueError(f"actor.rollout_log_prob_check_freq must be an integer >= 0 (0: never), got {freq!r}")
+        if not isinstance(self.ema_decay, int | float) or not (self.ema_decay == 0 or 0 < self.ema_decay < 1):
+            raise ValueError(
+                f"actor.ema_decay must be 0 (no EMA of the weights) or in (0, 1), e.g. 0.9; got {self.ema_decay!r}"
+            )
         self._check_optim()
         if self.engine.strategy != "fsdp2":
             raise ValueError(

@@ -53,8 +53,11 @@ async def push_lora_to_replicas(
     return list(results)
 
 
-async def push_full_weights(actor_wg: Any, servers: Sequence[Any], version: int, bucket_bytes: int) -> dict[str, float]:
-    """One checked full-weight sync from the actor worker group (``DiffusionActorWorker``) to every server.
+async def push_full_weights(
+    actor_wg: Any, servers: Sequence[Any], version: int, bucket_bytes: int, ema: bool = False
+) -> dict[str, float]:
+    """One checked full-weight sync from the actor worker group (``DiffusionActorWorker``) to every server; ``ema``:
+    the EMA of the weights (``actor.ema_decay``) instead of the live ones, the same names and checks.
 
     Returns the ``sync/*`` metrics: buckets, megabytes, transformer parameters written per server (the least),
     seconds. Raises ``WeightSyncError`` (a bucket corrupted, lost or unloaded) naming the server.
@@ -64,11 +67,11 @@ async def push_full_weights(actor_wg: Any, servers: Sequence[Any], version: int,
     start = time.perf_counter()
     plan = actor_wg.weight_bucket_plan(bucket_bytes)[0]
     await _on_all(servers, "begin_weight_sync", version, len(plan))
-    pending = actor_wg.get_weight_bucket(plan, version, 0)[0]
+    pending = actor_wg.get_weight_bucket(plan, version, 0, ema)[0]
     for index in range(len(plan)):
         bucket = pending
         # the next bucket is gathered while the servers load this one
-        pending = actor_wg.get_weight_bucket(plan, version, index + 1)[0] if index + 1 < len(plan) else None
+        pending = actor_wg.get_weight_bucket(plan, version, index + 1, ema)[0] if index + 1 < len(plan) else None
         await _on_all(servers, "load_weight_bucket", bucket)
     reports = await _on_all(servers, "finish_weight_sync", version)
     seconds = time.perf_counter() - start

@@ -6,6 +6,8 @@ Layout of ``<local_path>/``:
 * full fine-tuning (``model.lora.rank=0``): ``transformer/``, the trained transformer written by its diffusers
   class's ``save_pretrained`` (``config.json`` + safetensors, sharded above 10 GB), which
   ``<TransformerClass>.from_pretrained`` (or a pipeline's ``transformer=`` argument) loads; no ``lora/``;
+  with ``actor.ema_decay`` > 0 also ``transformer_ema/``, the EMA of the weights (:mod:`.ema`) in the same form
+  (the module's parameter dtype), written with the EMA swapped into the module; a resume does not read it;
 
 * ``lora/pytorch_lora_weights.safetensors``: full LoRA tensors written by the pipeline's
   ``save_lora_weights`` (keys ``transformer.<module>.lora_A.weight``, the peft config as
@@ -22,7 +24,8 @@ Layout of ``<local_path>/``:
   on the same base model; diffusers' ``load_lora_weights`` still picks ``pytorch_lora_weights.safetensors``;
 * ``engine_state_rank{r}_of{w}.pt``: rank r's optimizer state (its FSDP shards), LR schedule,
   RNG states, the global step and optimizer steps, and (an algorithm with an old-policy adapter) rank
-  r's shards of that adapter, which has no other copy. Resuming needs the same world size.
+  r's shards of that adapter, which has no other copy, and (``actor.ema_decay`` > 0) rank r's fp32 EMA shards, from
+  which a resume continues the average exactly. Resuming needs the same world size.
 
 The LoRA file (the transformer directory) is also what a resume loads back into the sharded model, so
 there is one copy of the weights on disk.
@@ -47,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 LORA_DIR = "lora"
 TRANSFORMER_DIR = "transformer"
+# full fine-tuning with actor.ema_decay > 0: the EMA of the weights, as save_pretrained writes it
+TRANSFORMER_EMA_DIR = "transformer_ema"
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 # PEFT's file names, which vLLM's LoRA loader reads from a LoRARequest's directory
 PEFT_CONFIG_NAME = "adapter_config.json"
@@ -55,6 +60,8 @@ TRANSFORMER_PREFIX = "transformer."
 ADAPTER_NAME = old_adapter.TRAINED_ADAPTER_NAME
 # the engine state's entry holding this rank's shards of the old-policy adapter
 OLD_ADAPTER_STATE = "old_adapter"
+# the engine state's entry holding this rank's fp32 shards of the EMA of the weights
+EMA_STATE = "ema"
 
 
 def engine_state_name(rank: int, world_size: int) -> str:
@@ -127,9 +134,18 @@ def _save_weights(engine, path: Path, rank: int) -> None:
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(engine.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(engine.module, options=options)
     if rank == 0:
         save_transformer_dir(engine.module_class, engine.module.config, path / TRANSFORMER_DIR, state)
+    if engine.ema is not None:
+        del state
+        # the same gather with the EMA in the module (rank 0 alone holds the full tensors), written before the live
+        # weights come back: on one rank the gathered tensors may be the parameters' own storage
+        with engine.ema.swapped_in(engine.module):
+            state = get_model_state_dict(engine.module, options=options)
+            if rank == 0:
+                save_transformer_dir(engine.module_class, engine.module.config, path / TRANSFORMER_EMA_DIR, state)
 
 
 def _load_weights(engine, path: Path) -> None:
@@ -266,6 +282,8 @@ def save(engine, local_path: str | Path, global_step: int) -> None:
     }
     if old_adapter.has_old_adapter(engine.module):
         state[OLD_ADAPTER_STATE] = old_adapter.local_shards(engine.module)
+    if engine.ema is not None:
+        state[EMA_STATE] = engine.ema.state_dict()
     torch.save(state, path / engine_state_name(rank, world))
     dist.barrier()
     logger.info("checkpoint of step %d written to %s", global_step, path)
@@ -324,5 +342,12 @@ def load(engine, local_path: str | Path) -> int:
                 "this algorithm from a checkpoint of its own runs, or start a new run"
             )
         old_adapter.load_local_shards(engine.module, state[OLD_ADAPTER_STATE])
+    if engine.ema is not None:
+        if EMA_STATE not in state:
+            raise ValueError(
+                f"{state_file} has no EMA of the weights (written by a run with actor.ema_decay=0): resume with "
+                "actor_rollout_ref.actor.ema_decay=0, or start a new run"
+            )
+        engine.ema.load_state_dict(state[EMA_STATE])
     dist.barrier()
     return state["global_step"]

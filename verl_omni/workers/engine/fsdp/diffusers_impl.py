@@ -24,7 +24,10 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   gradients and optimizer state; the rollout gets the weights in checked buckets (:meth:`weight_bucket_plan`,
   :meth:`weight_bucket`, :mod:`~verl_omni.workers.rollout.weight_buckets`);
 * with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
-  frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`).
+  frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`);
+* with ``ema_decay`` > 0 set before :meth:`initialize` (full fine-tuning's ``actor.ema_decay``), an fp32 EMA of the
+  trained transformer's local shards on the host, updated after each optimizer step, for validation and export
+  (:mod:`.ema`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.engine.fsdp import checkpoint, old_adapter
+from verl_omni.workers.engine.fsdp.ema import WeightEMA
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 from verl_omni.workers.utils.sample_mask import (
     SAMPLE_MASK_KEY,
@@ -92,6 +96,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         self.reference_module = None
         # the trained module's own class (FSDP2 subclasses it in place): checkpoints rebuild it to save_pretrained
         self.module_class = None
+        # full fine-tuning's EMA of the weights (actor.ema_decay, set by the worker; 0: none)
+        self.ema_decay = 0.0
+        self.ema: WeightEMA | None = None
 
     # ---- building -------------------------------------------------------------------------
 
@@ -100,6 +107,12 @@ class DiffusersFSDPEngine(FSDPEngine):
         self._build_model_optimizer()
         if self.needs_reference and not self._is_lora:
             self.reference_module = self._build_reference_module()
+        if self.ema_decay:
+            if self._is_lora:
+                raise ValueError(
+                    "actor.ema_decay > 0 averages the full transformer: it needs full fine-tuning (model.lora.rank=0)"
+                )
+            self.ema = WeightEMA(self.module, self.ema_decay)
         self.scheduler = self.adapter.build_scheduler(self.model_config.path)
         self.to(device="cpu", model=self._is_offload_param, optimizer=self._is_offload_optimizer, grad=False)
 
@@ -334,9 +347,12 @@ class DiffusersFSDPEngine(FSDPEngine):
             self.module = trained
 
     def optimizer_step(self):
-        """verl's step (FSDP2 grad-norm clip, skip on a non-finite norm), counted in :attr:`optimizer_steps`."""
+        """verl's step (FSDP2 grad-norm clip, skip on a non-finite norm), counted in :attr:`optimizer_steps`, then the
+        EMA's update when there is one (also after a skipped step: the average follows the weights as they are)."""
         grad_norm = super().optimizer_step()
         self.optimizer_steps += 1
+        if self.ema is not None:
+            self.ema.update(self.module)
         return grad_norm
 
     def update_old_adapter(self, decay: float) -> None:
@@ -385,9 +401,14 @@ class DiffusersFSDPEngine(FSDPEngine):
         sizes = ((name, t.numel() * t.element_size()) for name, t in self.module.state_dict().items())
         return plan_buckets(sizes, bucket_bytes)
 
-    def weight_bucket(self, plan: list[list[str]], index: int) -> dict[str, torch.Tensor]:
-        """The full tensors of bucket ``index`` of ``plan``, on CPU. A collective: every rank gathers its shards."""
-        return checkpoint.gather_full_tensors(self.module, plan[index])
+    def weight_bucket(self, plan: list[list[str]], index: int, ema: bool = False) -> dict[str, torch.Tensor]:
+        """The full tensors of bucket ``index`` of ``plan``, on CPU (``ema``: the EMA's, :mod:`.ema`). A collective:
+        every rank gathers its shards."""
+        if not ema:
+            return checkpoint.gather_full_tensors(self.module, plan[index])
+        if self.ema is None:
+            raise RuntimeError("the EMA weights were asked for, but actor.ema_decay is 0 (no EMA is kept)")
+        return self.ema.full_tensors(self.module, plan[index])
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
         """LoRA as diffusers safetensors, or the full transformer with ``save_pretrained`` (rank 0), + this rank's
