@@ -83,6 +83,9 @@ BAD_CONFIGS = [
     (["trainer.trainer_mode=separate_async", "trainer.colocate_rollout=true"], "trainer.colocate_rollout=false"),
     (["trainer.trainer_mode=separate_async"], "use_rollout_log_probs=true"),
     (["actor_rollout_ref.actor.rollout_log_prob_check_freq=-1"], "actor.rollout_log_prob_check_freq"),
+    (["actor_rollout_ref.actor.ema_decay=0.9"], r"actor.ema_decay=0.9 .*model.lora.rank=\d+ trains a LoRA"),
+    (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=1.0"], "actor.ema_decay must be 0"),
+    (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=-0.5"], "actor.ema_decay must be 0"),
 ]
 
 
@@ -126,6 +129,14 @@ def test_full_fine_tuning_is_one_switch_with_its_kl_reference_and_bagel_refuses_
     with pytest.raises(ValueError, match=r"actor_rollout_ref.model.lora.rank=0 \(full fine-tuning\)"):
         run_flowgrpo(compose("actor_rollout_ref.model.lora.rank=0", model=tiny_bagel_path))
     assert not ray.is_initialized()
+
+
+def test_ema_of_the_weights_is_a_full_fine_tuning_key_from_the_command_line(compose):
+    from verl_omni.trainer.config.validation import validate_config
+
+    assert validate_config(compose()).actor.ema_decay == 0
+    configs = validate_config(compose("actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=0.99"))
+    assert configs.actor.ema_decay == 0.99
 
 
 def test_algorithm_the_model_does_not_support_is_refused_before_ray_naming_both(compose, monkeypatch):
