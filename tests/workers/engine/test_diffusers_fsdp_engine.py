@@ -7,26 +7,16 @@ on its results. About two minutes on 2 CPU cores.
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from two_rank_launch import run_two_ranks
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 # two gloo ranks of 1 thread each: alone ~2.5 min; beside the suite's other worker and a busy core 800 s were
 # not enough once (2026-11-24), so the bound is the trainer runs'
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +27,7 @@ def recorded(recorded_qwen_image_batch):
 @pytest.fixture(scope="module")
 def two_rank(recorded, tiny_qwen_image_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("two_rank")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
-    cmd += [str(HERE / "two_rank_engine.py"), str(recorded[0]), str(tiny_qwen_image_path), str(out)]
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_two_ranks(HERE / "two_rank_engine.py", recorded[0], tiny_qwen_image_path, out)
     return torch.load(out / "results.pt", weights_only=False), out
 
 

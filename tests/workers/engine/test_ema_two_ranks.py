@@ -4,34 +4,20 @@ the ``transformer_ema/`` export writes), with uneven and empty shards; the live 
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from two_rank_launch import run_two_ranks
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def per_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("ema_two_ranks")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
-    cmd += [str(HERE / "ema_two_ranks.py"), str(out)]
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_two_ranks(HERE / "ema_two_ranks.py", out, timeout=500, OMP_NUM_THREADS="1")
     return torch.load(out / "results.pt", weights_only=False)
 
 

@@ -5,36 +5,22 @@ The scenario runs under ``torch.distributed.run`` (``old_adapter_engine.py``); t
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from two_rank_launch import run_two_ranks
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[2]
 # two gloo ranks of 1 thread each: alone ~2.5 min; beside the suite's other worker and a busy core 800 s were
 # not enough once (2026-11-24), so the bound is the trainer runs'
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tiny_qwen_image_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("old_adapter")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port())]
-    cmd += [str(HERE / "old_adapter_engine.py"), str(tiny_qwen_image_path), str(out)]
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_two_ranks(HERE / "old_adapter_engine.py", tiny_qwen_image_path, out)
     return torch.load(out / "results.pt", weights_only=False)
 
 
