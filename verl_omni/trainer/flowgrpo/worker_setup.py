@@ -1,0 +1,187 @@
+"""How ``RayFlowGRPOTrainer`` comes up: the device layout check, the prompt dataloaders, and the actor, reward,
+rollout and agent-loop workers started side by side (``_setup`` calls these in that order).
+
+A mixin of the trainer (listed before verl's ``PPOTrainer``, whose own ``_init_tokenizer`` / ``_init_dataloader``
+build token datasets): it reads the trainer's ``config`` / ``configs``, ``device`` and ``colocate`` and sets the
+attributes the loop uses (``train_dataloader``, ``val_dataloader``, ``total_training_steps``, ``actor_rollout_wg``,
+``reward_loop_manager``, ``llm_server_manager``, ``agent_loop_manager``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import ray
+from torchdata.stateful_dataloader import StatefulDataLoader
+from verl.trainer.ppo.utils import create_rl_sampler
+from verl.utils.dataset.rl_dataset import collate_fn
+
+from verl_omni.utils.dataset.prompt_dataset import create_prompt_dataset
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+
+class WorkerSetup:
+    """The trainer's start-up steps (see the module docstring)."""
+
+    def _check_device_layout(self):
+        """Fail before any placement group waits forever: the layout must fit the cluster's GPUs."""
+        if self.device != "cuda":
+            return
+        trainer, rollout = self.configs.trainer, self.config.actor_rollout_ref.rollout
+        actor_gpus = trainer.nnodes * trainer.n_gpus_per_node
+        rollout_gpus = 0 if self.colocate else rollout.nnodes * rollout.n_gpus_per_node
+        reward_gpus = self.configs.reward.gpus_of_own
+        available = int(ray.cluster_resources().get("GPU", 0))
+        if actor_gpus + rollout_gpus + reward_gpus > available:
+            raise ValueError(
+                f"the actor asks {actor_gpus} GPUs (trainer.nnodes x trainer.n_gpus_per_node), the standalone "
+                f"rollout {rollout_gpus} (actor_rollout_ref.rollout.nnodes x n_gpus_per_node) and the reward workers "
+                f"{reward_gpus:g} (reward.diffusion.num_workers x num_gpus_per_worker), the Ray cluster has "
+                f"{available}: set trainer.colocate_rollout=true to put the rollout on the actor's GPUs, or "
+                "reward.diffusion.resource_pool=actor for the reward models"
+            )
+
+    def _init_tokenizer(self):
+        """The checkpoint's prompt tokenizer (the adapter's ``tokenizer_subfolder``), for verl's dataset."""
+        self.tokenizer = self.configs.model.tokenizer
+        self.processor = None
+
+    def _init_dataloader(self):
+        data = self.config.data
+        self.train_dataset = create_prompt_dataset(data.train_files, data, self.tokenizer, is_train=True)
+        self.train_dataloader = StatefulDataLoader(
+            self.train_dataset,
+            batch_size=data.train_batch_size,
+            num_workers=data.dataloader_num_workers,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=create_rl_sampler(data, self.train_dataset),
+        )
+        self.steps_per_epoch = len(self.train_dataloader)
+        if self.steps_per_epoch == 0:
+            raise ValueError(
+                f"data.train_files hold {len(self.train_dataset)} prompts, fewer than "
+                f"data.train_batch_size={data.train_batch_size}"
+            )
+        trainer = self.configs.trainer
+        self.total_training_steps = trainer.total_training_steps or self.steps_per_epoch * trainer.total_epochs
+        self.val_dataloader = None
+        if trainer.val_before_train or trainer.test_freq > 0:
+            self.val_dataset = create_prompt_dataset(data.val_files, data, self.tokenizer, is_train=False)
+            self.val_dataloader = StatefulDataLoader(
+                self.val_dataset,
+                batch_size=data.val_batch_size or len(self.val_dataset),
+                num_workers=data.dataloader_num_workers,
+                shuffle=False,
+                collate_fn=collate_fn,
+            )
+        logger.info(
+            "%d training prompts (%d steps per epoch), %d steps in total",
+            len(self.train_dataset),
+            self.steps_per_epoch,
+            self.total_training_steps,
+        )
+
+    def _start_workers(self):
+        """The actor, reward, rollout and agent-loop workers, started side by side where nothing orders them.
+
+        Every worker process imports torch and verl before it does anything: tens of seconds each on a busy
+        2-core machine, one after the other when each start waited for the last (docs/development.md,
+        "Suite time"). Here the actor's ranks load the model while the replicas start, and the agent-loop
+        workers start with the replicas (``_init_rollout``). A standalone rollout needs nothing of the
+        actor, so the actor's worker group (whose creation waits for its rank 0) starts in a thread beside
+        it; a colocated one needs the group, and on accelerators the loaded model too (vLLM sizes its
+        memory from what the actor left free). Reward workers in the actor's bundles, or on GPUs of their own
+        (counted from what the actor's placement left), wait for the actor's worker group.
+        """
+        # the pool object only (its placement groups come with the worker group): the reward manager takes it
+        self.resource_pool = self._actor_resource_pool()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor_start") as pool:
+            actor = None if self.colocate else pool.submit(self._init_actor)
+            if actor is None:
+                self._init_actor()
+                if self.device != "cpu":
+                    self._actor_loaded()
+            elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
+                actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
+            self._init_reward()
+            self._init_rollout()
+            if actor is not None:
+                actor.result()
+        self._actor_loaded()
+
+    def _actor_loaded(self) -> None:
+        """Wait for the actor's ``init_model`` (started by ``_init_actor``); raises its error."""
+        if self._actor_init is not None:
+            refs, self._actor_init = self._actor_init, None
+            ray.get(refs)
+
+    def _actor_resource_pool(self):
+        """The actor's devices: ``trainer.n_gpus_per_node`` on each of ``trainer.nnodes`` nodes."""
+        from verl.single_controller.ray import RayResourcePool
+
+        trainer = self.configs.trainer
+        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (DESIGN.md §6)
+        colocate_count = {"max_colocate_count": 1} if self.device == "cpu" else {}
+        return RayResourcePool(
+            [trainer.n_gpus_per_node] * trainer.nnodes,
+            use_gpu=self.device == "cuda",
+            name_prefix="flowgrpo_actor",
+            **colocate_count,
+        )
+
+    def _init_actor(self):
+        """The actor (and its reference: the LoRA disabled, or a frozen copy) as a worker group over the actor's devices.
+
+        The ranks' ``init_model`` is started, not waited for (``_actor_loaded``)."""
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+        from verl.workers.config import TrainingWorkerConfig
+
+        from verl_omni.workers.engine_workers import DiffusionActorWorker
+
+        actor = self.configs.actor
+        worker_config = TrainingWorkerConfig(
+            model_type="diffusion_model",
+            model_config=self.configs.model,
+            engine_config=actor.engine,
+            optimizer_config=replace(actor.optim, total_training_steps=self.total_training_steps),
+            checkpoint_config=actor.checkpoint,
+        )
+        worker_cls = RayClassWithInitArgs(
+            cls=ray.remote(DiffusionActorWorker),
+            config=worker_config,
+            actor_config=actor,
+            algorithm_config=self.configs.algorithm,
+        )
+        # verl's checkpoint code calls the actor's worker group ``actor_rollout_wg``
+        self.actor_rollout_wg = RayWorkerGroup(self.resource_pool, worker_cls, device_name=self.device)
+        # init_model is ONE_TO_ALL: the same call on every rank
+        self._actor_init = self.actor_rollout_wg.execute_all_async("init_model")
+
+    def _init_reward(self):
+        from verl_omni.reward_loop import DiffusionRewardLoopManager
+
+        # the actor's pool: the reward workers share it when reward.diffusion.resource_pool=actor
+        self.reward_loop_manager = DiffusionRewardLoopManager(self.config, rm_resource_pool=self.resource_pool)
+
+    def _init_rollout(self):
+        """vLLM-Omni replicas (on the actor's devices when colocated) and the agent loop over them.
+
+        The balancer starts empty so that the agent-loop workers (on its client) start while the replicas
+        do; the replicas join it when up."""
+        from verl_omni.agent_loop import DiffusionAgentLoopManager
+        from verl_omni.workers.rollout.llm_server import OmniLLMServerManager
+
+        worker_group = self.actor_rollout_wg if self.colocate else None
+        self.llm_server_manager = OmniLLMServerManager.create_empty(self.config, worker_group=worker_group)
+        self.agent_loop_manager = DiffusionAgentLoopManager.create(
+            self.config, self.get_llm_client(), reward_loop_worker_handles=self.get_reward_handles()
+        )
+        self.llm_server_manager.launch_replicas()
+        # transformer batches each replica had run when last asked (rollout/requests_per_engine_batch)
+        self._engine_batches_seen = [0] * len(self.llm_server_manager.server_handles)
