@@ -26,7 +26,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from verl.utils.device import get_device_id
 
-from verl_omni.workers.engine.fsdp import policy_versions
+from verl_omni.workers.engine.fsdp import checkpoint, policy_versions
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -84,16 +84,13 @@ class WeightEMA:
         """The full (unsharded) tensors ``names`` of ``module``'s state dict with the EMA in place of every trained
         tensor (a buffer or frozen tensor is the module's own), in the parameters' dtype, on CPU. A collective over
         the FSDP mesh: every rank must call it with the same names."""
-        params, state = self._params(module), None
+        params = self._params(module)
+        # buffers and frozen tensors: the module's own, gathered as every full-weight bucket is
+        own = checkpoint.gather_full_tensors(module, [name for name in names if name not in params])
         full = {}
         for name in names:
-            if name not in params:
-                state = module.state_dict() if state is None else state
-                if name not in state:
-                    raise KeyError(f"the trained module has no tensor {name!r}")
-                tensor = state[name]
-                tensor = tensor.to(get_device_id()).full_tensor() if isinstance(tensor, DTensor) else tensor
-                full[name] = tensor.detach().to("cpu").clone()
+            if name in own:
+                full[name] = own[name]
                 continue
             param, shard = params[name], self.shards[name].to(params[name].dtype)
             if isinstance(param, DTensor):
