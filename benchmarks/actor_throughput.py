@@ -11,6 +11,12 @@ ceiling is a measured square matmul in the compute dtype on the same device.
 Default: the tiny random Qwen-Image (built into a temporary directory), fp32 on whatever device
 is present. ``--full-size``: the real Qwen-Image transformer architecture with random bf16
 weights on CUDA, LoRA r=64, 512x512 images.
+
+``--variants`` runs ways of computing the same replay side by side on one model, in order: ``batched``
+(true CFG's two passes as one transformer call, the adapter's default), ``sequential`` (the two passes one
+after the other) and ``compiled`` (batched, each transformer block's forward compiled as the engine's
+``model.compile_transformer_blocks`` does; last, since compiling cannot be undone). ``--fsdp`` runs the
+replay as the engine does: FSDP2's mixed precision casts the inputs, no autocast.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import logging
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -35,6 +42,18 @@ logger = logging.getLogger(__name__)
 ADAPTER = QwenImageTrainingAdapter
 
 
+class SequentialCFGAdapter(QwenImageTrainingAdapter):
+    """The adapter with true CFG's two passes one after the other (``batch_cfg=False``), to compare with."""
+
+    @staticmethod
+    def predict_velocity(*args, **kwargs):
+        return QwenImageTrainingAdapter.predict_velocity(*args, **kwargs, batch_cfg=False)
+
+
+# variant -> the adapter it replays with; "compiled" also compiles the blocks
+VARIANTS = {"batched": ADAPTER, "sequential": SequentialCFGAdapter, "compiled": ADAPTER}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model-path", default=None, help="diffusers Qwen-Image directory (default: the tiny one)")
@@ -47,7 +66,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gradient-checkpointing", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile each transformer block (regional)")
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=["batched"],
+        help="replay variants measured side by side, in order ('compiled' last)",
+    )
+    p.add_argument("--forward-only", action="store_true", help="no backward (the old_log_prob and ref phases)")
     p.add_argument(
         "--fsdp",
         action="store_true",
@@ -55,7 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--profile", default=None, help="write a kernel-time breakdown of the largest micro-batch here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "compiled" in args.variants[:-1]:
+        p.error("--variants: 'compiled' must come last (compiling the blocks cannot be undone)")
+    return args
 
 
 def build_transformer(args, model_path, device: torch.device, dtype: torch.dtype):
@@ -72,8 +101,6 @@ def build_transformer(args, model_path, device: torch.device, dtype: torch.dtype
         vae_scale_factor = ADAPTER.vae_scale_factor(model_path)
     if not args.no_gradient_checkpointing:
         model.enable_gradient_checkpointing()
-    if args.compile:
-        model.compile_repeated_blocks()
     model.requires_grad_(False)
     rank = args.lora_rank or (64 if args.full_size else 8)
     model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(ADAPTER.lora_target_modules)))
@@ -121,11 +148,24 @@ def make_batch(model, spec: SamplingSpec, batch: int, text_len: int, vae_scale_f
 
 
 def fwd_bwd(
-    model, scheduler, batch: dict, spec: SamplingSpec, vae_scale_factor: int, dtype: torch.dtype, adapter=ADAPTER
+    model,
+    scheduler,
+    batch: dict,
+    spec: SamplingSpec,
+    vae_scale_factor: int,
+    dtype: torch.dtype,
+    adapter=ADAPTER,
+    autocast: bool = True,
+    forward_only: bool = False,
 ) -> None:
-    with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=dtype != torch.float32):
-        out = replay_step(adapter, model, scheduler, batch, 0, spec, vae_scale_factor)
-    out.log_prob.mean().backward()
+    """One replayed step and the backward of its log-prob (``forward_only``: under ``no_grad``, no backward).
+    ``autocast=False``: the inputs reach the model as they are (``--fsdp``: FSDP2 casts them, as in the engine)."""
+    enabled = autocast and dtype != torch.float32
+    with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=enabled):
+        with torch.no_grad() if forward_only else nullcontext():
+            out = replay_step(adapter, model, scheduler, batch, 0, spec, vae_scale_factor)
+    if not forward_only:
+        out.log_prob.mean().backward()
 
 
 def _sync(device: torch.device) -> None:
@@ -159,36 +199,40 @@ def measure(
     adapter=ADAPTER,
     batch_fn=None,
     count: bool = True,
+    autocast: bool = True,
+    forward_only: bool = False,
 ) -> dict:
     """Samples/s and TFLOP/s of ``fwd_bwd`` at ``micro_batch``; ``batch_fn`` (``make_batch``'s signature) and
     ``adapter`` let another model's benchmark reuse the loop; ``count=False`` skips the FLOP count's extra step
     (no TFLOP/s)."""
 
     batch = (batch_fn or make_batch)(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
+    step = (model, scheduler, batch, spec, vae_scale_factor, dtype, adapter, autocast, forward_only)
     for _ in range(args.warmup):
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
+        fwd_bwd(*step)
     model.zero_grad(set_to_none=True)
     _sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for _ in range(args.iters):
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
+        fwd_bwd(*step)
     _sync(device)
     seconds = (time.perf_counter() - start) / args.iters
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     model.zero_grad(set_to_none=True)
-    flops = count_flops(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter) if count else None
+    flops = count_flops(*step) if count else None
     return {
         "micro_batch": micro_batch,
         "samples_per_s": micro_batch / seconds,
         "step_s": seconds,
+        "flops": flops,
         "tflops": None if flops is None else flops / seconds / 1e12,
         "peak_memory_gb": peak,
     }
 
 
-def count_flops(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter) -> int | None:
+def count_flops(model, scheduler, batch, *step) -> int | None:
     """FLOPs of one ``fwd_bwd``, counted after the timed steps: under ``FlopCounterMode`` (a dispatch mode) SDPA may
     take its math path, which holds the L × L attention matrix, so the count can run out of memory where the step
     does not (a long video); then ``None``."""
@@ -197,7 +241,7 @@ def count_flops(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
     counter = FlopCounterMode(display=False)
     try:
         with counter:
-            fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype, adapter)
+            fwd_bwd(model, scheduler, batch, *step)
     except torch.OutOfMemoryError:
         logger.warning("FLOP count of micro-batch %d ran out of memory: no TFLOP/s", batch["all_latents"].shape[0])
         return None
@@ -225,16 +269,20 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def profile_step(model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype, out: Path) -> dict:
-    """Device time per kernel category of one fwd+bwd, and the 25 longest kernels, written to ``out``."""
+def profile_step(
+    model, scheduler, spec, args, micro_batch: int, vae_scale_factor, device, dtype, out: Path, adapter=ADAPTER
+) -> dict:
+    """Device time per kernel category of one fwd+bwd (of the last variant), and the 25 longest kernels, written
+    to ``out``."""
     from torch.profiler import ProfilerActivity, profile
 
     batch = make_batch(model, spec, micro_batch, args.text_len, vae_scale_factor, device, scheduler)
-    fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+    step = (model, scheduler, batch, spec, vae_scale_factor, dtype, adapter, not args.fsdp, args.forward_only)
+    fwd_bwd(*step)
     _sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
-        fwd_bwd(model, scheduler, batch, spec, vae_scale_factor, dtype)
+        fwd_bwd(*step)
         _sync(device)
     model.zero_grad(set_to_none=True)
     events = [e for e in prof.key_averages() if e.device_type.name == ("CUDA" if device.type == "cuda" else "CPU")]
@@ -275,25 +323,70 @@ def main(argv=None) -> list[dict]:
         model, vae_scale_factor = build_transformer(args, model_path, device, dtype)
     ceiling = matmul_ceiling_tflops(device, dtype, 8192 if device.type == "cuda" else 1024)
     logger.info("device %s, %s, matmul ceiling %.4g TFLOP/s", device, dtype, ceiling)
-    results = []
-    for micro_batch in args.micro_batches:
-        row = measure(model, scheduler, spec, args, micro_batch, vae_scale_factor, device, dtype)
-        # no TFLOP/s when the FLOP count ran out of memory (count_flops)
-        row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
-        results.append(row)
-        logger.info(
-            "micro-batch %d: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s",
-            micro_batch,
-            row["samples_per_s"],
-            row["step_s"],
-            row["tflops"],
-            row["fraction_of_matmul_ceiling"],
-        )
-    meta = {"device": str(device), "dtype": str(dtype), "size": size, "matmul_ceiling_tflops": ceiling}
+    results, flops = [], {}
+    for variant in args.variants:
+        if variant == "compiled":
+            from verl_omni.workers.engine.fsdp.diffusers_impl import compile_blocks
+
+            logger.info("compiled the forward of %d blocks", compile_blocks(model, ADAPTER.fsdp_wrap_blocks))
+        for micro_batch in args.micro_batches:
+            # the variants compute the same replay: its FLOPs are counted once per micro-batch, eagerly
+            count = micro_batch not in flops and variant != "compiled"
+            row = measure(
+                model,
+                scheduler,
+                spec,
+                args,
+                micro_batch,
+                vae_scale_factor,
+                device,
+                dtype,
+                adapter=VARIANTS[variant],
+                count=count,
+                autocast=not args.fsdp,
+                forward_only=args.forward_only,
+            )
+            if count:
+                flops[micro_batch] = row["flops"]
+            counted = flops.get(micro_batch)
+            row["variant"] = variant
+            row["tflops"] = None if counted is None else counted / row["step_s"] / 1e12
+            # no TFLOP/s when the FLOP count ran out of memory (count_flops)
+            row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
+            results.append(row)
+            logger.info(
+                "%s, micro-batch %d: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, "
+                "peak %s GiB",
+                variant,
+                micro_batch,
+                row["samples_per_s"],
+                row["step_s"],
+                row["tflops"],
+                row["fraction_of_matmul_ceiling"],
+                row["peak_memory_gb"],
+            )
+    meta = {
+        "device": str(device),
+        "dtype": str(dtype),
+        "size": size,
+        "matmul_ceiling_tflops": ceiling,
+        "fsdp": args.fsdp,
+        "forward_only": args.forward_only,
+        "cfg": args.cfg,
+    }
     if args.profile:
         largest = max(args.micro_batches)
         meta["profile"] = profile_step(
-            model, scheduler, spec, args, largest, vae_scale_factor, device, dtype, Path(args.profile)
+            model,
+            scheduler,
+            spec,
+            args,
+            largest,
+            vae_scale_factor,
+            device,
+            dtype,
+            Path(args.profile),
+            VARIANTS[variant],
         )
     if args.out:
         Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))

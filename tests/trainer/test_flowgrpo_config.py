@@ -83,6 +83,7 @@ BAD_CONFIGS = [
     (["trainer.trainer_mode=separate_async", "trainer.colocate_rollout=true"], "trainer.colocate_rollout=false"),
     (["trainer.trainer_mode=separate_async"], "use_rollout_log_probs=true"),
     (["actor_rollout_ref.actor.rollout_log_prob_check_freq=-1"], "actor.rollout_log_prob_check_freq"),
+    (["actor_rollout_ref.actor.infer_micro_batch_size_per_gpu=-4"], "actor.infer_micro_batch_size_per_gpu"),
     (["actor_rollout_ref.actor.ema_decay=0.9"], r"actor.ema_decay=0.9 .*model.lora.rank=\d+ trains a LoRA"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=1.0"], "actor.ema_decay must be 0"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=-0.5"], "actor.ema_decay must be 0"),

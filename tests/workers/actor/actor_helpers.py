@@ -7,10 +7,18 @@ from tensordict import TensorDict
 
 
 def build_actor(
-    model_path, lora_init=True, engine_kwargs=None, algorithm_config=None, lora_rank=4, lr=1e-2, **actor_kwargs
+    model_path,
+    lora_init=True,
+    engine_kwargs=None,
+    algorithm_config=None,
+    lora_rank=4,
+    lr=1e-2,
+    model_kwargs=None,
+    **actor_kwargs,
 ):
     """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=``lora_rank``, 0: full
-    fine-tuning; AdamW ``lr``), running ``algorithm_config``'s algorithm (None: the default)."""
+    fine-tuning; AdamW ``lr``; further ``model_kwargs`` of the model config), running ``algorithm_config``'s
+    algorithm (None: the default)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -22,7 +30,9 @@ def build_actor(
     from verl_omni.workers.utils.losses import default_algorithm_config
 
     model = DiffusionModelConfig(
-        path=str(model_path), lora=DiffusionLoraConfig(rank=lora_rank, alpha=8, init_lora_weights=lora_init)
+        path=str(model_path),
+        lora=DiffusionLoraConfig(rank=lora_rank, alpha=8, init_lora_weights=lora_init),
+        **(model_kwargs or {}),
     )
     optim = FSDPOptimizerConfig(lr=lr, weight_decay=0.0, total_training_steps=10)
     engine = EngineRegistry.new(

@@ -40,6 +40,28 @@ def test_kl_without_reference_means_names_the_missing_field(
         actor.update_policy(batch, SamplingSpec(**rec["spec"]))
 
 
+def test_forward_only_phases_use_their_own_micro_batch(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
+    """``infer_micro_batch_size_per_gpu``: the same log-probs in fewer, larger transformer calls (CFG's two passes
+    are one call: 4 samples x W=2 steps are 8 calls at micro-batch 1, 2 at micro-batch 4)."""
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    batch = _batch(rec, torch.ones(4))
+    calls, log_probs = {}, {}
+    for infer in (0, 4):
+        actor = _actor(tiny_qwen_image_path, ppo_mini_batch_size=4, infer_micro_batch_size_per_gpu=infer)
+        calls[infer] = []
+        hook = actor.engine.module.register_forward_hook(
+            lambda m, args, kwargs, out, rows=calls[infer]: rows.append(len(kwargs["hidden_states"])), with_kwargs=True
+        )
+        log_probs[infer] = actor.compute_log_prob(batch, spec)
+        hook.remove()
+    assert calls == {0: [2] * 8, 4: [8] * 2}
+    torch.testing.assert_close(log_probs[4], log_probs[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(log_probs[4], rec["rollout_log_probs"], rtol=0, atol=1e-5)
+
+
 def test_epochs_times_mini_batches_optimizer_steps(process_group, tiny_qwen_image_path, recorded_qwen_image_batch):
     from verl_omni.pipelines.sampling import SamplingSpec
 

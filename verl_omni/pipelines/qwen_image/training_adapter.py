@@ -143,25 +143,52 @@ class QwenImageTrainingAdapter(ModelAdapter):
         img_shapes: list,
         negative: PromptEmbeds | None = None,
         true_cfg_scale: float = 1.0,
+        batch_cfg: bool = True,
     ) -> torch.Tensor:
         """Velocity at packed ``latents`` ``[B, N, C]`` and scheduler ``timesteps`` ``[B]`` (0..1000).
 
-        With ``negative`` and ``true_cfg_scale > 1`` this is true CFG (two transformer passes).
+        With ``negative`` and ``true_cfg_scale > 1`` this is true CFG. ``batch_cfg`` runs its two passes as one
+        transformer call on ``[2B, ...]`` (the texts padded to the longer one, padding masked out of attention):
+        the same velocity, in half the calls on twice the rows, which the replay's GEMMs and per-call overheads
+        favour; ``False`` runs them one after the other (``benchmarks/actor_throughput.py`` compares both).
         """
 
-        def forward(cond: PromptEmbeds) -> torch.Tensor:
+        def forward(x: torch.Tensor, t: torch.Tensor, cond: PromptEmbeds, shapes: list) -> torch.Tensor:
             return transformer(
-                hidden_states=latents,
-                timestep=timesteps.to(latents.dtype) / 1000,
-                encoder_hidden_states=cond.embeds.to(latents.dtype),
+                hidden_states=x,
+                timestep=t.to(x.dtype) / 1000,
+                encoder_hidden_states=cond.embeds.to(x.dtype),
                 encoder_hidden_states_mask=cond.mask,
-                img_shapes=img_shapes,
+                img_shapes=shapes,
                 return_dict=False,
             )[0]
 
-        v_pos = forward(prompt)
         if negative is None or true_cfg_scale <= 1.0:
-            return v_pos
-        v_neg = forward(negative)
+            return forward(latents, timesteps, prompt, img_shapes)
+        if batch_cfg:
+            both = forward(
+                torch.cat([latents, latents]),
+                torch.cat([timesteps, timesteps]),
+                _stacked(prompt, negative),
+                img_shapes * 2,
+            )
+            v_pos, v_neg = both.chunk(2)
+        else:
+            v_pos = forward(latents, timesteps, prompt, img_shapes)
+            v_neg = forward(latents, timesteps, negative, img_shapes)
         combined = v_neg + true_cfg_scale * (v_pos - v_neg)
         return combined * (v_pos.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
+
+
+def _stacked(first: PromptEmbeds, second: PromptEmbeds) -> PromptEmbeds:
+    """``first`` then ``second`` as one batch ``[2B, L, D]``, the shorter padded with zeros that its mask excludes
+    (an all-ones mask stays None: diffusers' unmasked attention path, as :func:`_embeds` keeps it)."""
+    length = max(first.embeds.shape[1], second.embeds.shape[1])
+    embeds, masks = [], []
+    for part in (first, second):
+        batch, own = part.embeds.shape[:2]
+        mask = part.mask if part.mask is not None else part.embeds.new_ones(batch, own, dtype=torch.long)
+        embeds.append(torch.nn.functional.pad(part.embeds, (0, 0, 0, length - own)))
+        masks.append(torch.nn.functional.pad(mask.to(torch.long), (0, length - own)))
+    mask = torch.cat(masks)
+    return PromptEmbeds(torch.cat(embeds), None if bool(mask.all()) else mask)

@@ -56,10 +56,10 @@ class DiffusionActor:
         self.drop_zero_std_groups = algorithm_config.drop_zero_std_groups
         self.metric_reductions = {**ENGINE_METRIC_REDUCTIONS, **self.loss_fn.metric_reductions}
 
-    def _prepare(self, data: TensorDict, spec: SamplingSpec) -> TensorDict:
+    def _prepare(self, data: TensorDict, spec: SamplingSpec, micro_batch_size: int) -> TensorDict:
         data = data.clone(recurse=False)
         data.set_non_tensor(SAMPLING_SPEC_KEY, spec)
-        data.set_non_tensor(MICRO_BATCH_KEY, self.config.ppo_micro_batch_size_per_gpu)
+        data.set_non_tensor(MICRO_BATCH_KEY, micro_batch_size)
         data.set_non_tensor(ROLLOUT_RECORD_KEY, self.rollout_record)
         return data
 
@@ -70,7 +70,7 @@ class DiffusionActor:
         With ``reference=True`` the reference policy replays (the LoRA disabled, or full fine-tuning's frozen copy).
         """
         with self.engine.eval_mode(), self.engine.reference_policy() if reference else nullcontext():
-            out = self.engine.infer_batch(self._prepare(data, spec))
+            out = self.engine.infer_batch(self._prepare(data, spec, self.config.infer_micro_batch_size))
         out.pop("metrics", None)
         return out
 
@@ -90,7 +90,7 @@ class DiffusionActor:
             raise ValueError(f"local batch {size} must divide by actor.ppo_mini_batch_size / dp = {local}")
         if self.drop_zero_std_groups:
             self._check_sample_mask(data)
-        data = self._prepare(data, spec)
+        data = self._prepare(data, spec, self.config.ppo_micro_batch_size_per_gpu)
         lr = self.engine.optimizer.param_groups[0]["lr"]
         collected: dict[str, list[float]] = {}
         skipped = 0

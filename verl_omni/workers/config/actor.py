@@ -22,6 +22,9 @@ class DiffusionActorConfig(BaseConfig):
         ppo_mini_batch_size (int): samples per optimizer step, over all data-parallel ranks.
         ppo_micro_batch_size_per_gpu (int): samples per forward/backward on one rank; gradients
             accumulate over micro-batches × replayed steps up to a mini-batch.
+        infer_micro_batch_size_per_gpu (int): samples per forward of the forward-only phases (``old_log_prob``,
+            ``ref``), which keep no activations for a backward and so fit larger micro-batches; 0 (default) uses
+            ``ppo_micro_batch_size_per_gpu``.
         ppo_epochs (int): passes over the batch per update.
         shuffle (bool): shuffle samples between epochs (seeded by ``seed`` and the epoch).
         clip_ratio (float): ε of the ratio clip of the clipped-ratio algorithms (1e-4 with ``sde`` in
@@ -54,6 +57,7 @@ class DiffusionActorConfig(BaseConfig):
 
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 1
+    infer_micro_batch_size_per_gpu: int = 0
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 1e-4
@@ -70,6 +74,12 @@ class DiffusionActorConfig(BaseConfig):
         for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
+        infer = self.infer_micro_batch_size_per_gpu
+        if isinstance(infer, bool) or not isinstance(infer, int) or infer < 0:
+            raise ValueError(
+                f"actor.infer_micro_batch_size_per_gpu must be an integer >= 0 (0: ppo_micro_batch_size_per_gpu), "
+                f"got {infer!r}"
+            )
         if not self.clip_ratio > 0:
             raise ValueError(f"actor.clip_ratio must be > 0, got {self.clip_ratio}")
         if self.kl_beta < 0:
@@ -100,6 +110,11 @@ class DiffusionActorConfig(BaseConfig):
             )
         if optim.clip_grad is not None and not optim.clip_grad > 0:
             raise ValueError(f"actor.optim.clip_grad must be > 0, got {optim.clip_grad!r}")
+
+    @property
+    def infer_micro_batch_size(self) -> int:
+        """Samples per forward of the forward-only phases (``infer_micro_batch_size_per_gpu``, 0: the update's)."""
+        return self.infer_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu
 
     @property
     def old_log_prob_key(self) -> str:

@@ -74,6 +74,12 @@ class DiffusionModelConfig(BaseConfig):
         lora (DiffusionLoraConfig): LoRA settings.
         enable_gradient_checkpointing (bool): recompute each transformer block in backward.
         enable_activation_offload (bool): offload checkpointed activations to host (verl's helper).
+        compile_transformer_blocks (bool): ``torch.compile`` the forward of each FSDP-wrapped transformer block of
+            the trained module (regional compilation: one graph reused by every block, the FSDP hooks and the
+            gradient checkpointing around it left eager). Fuses the elementwise kernels between the GEMMs
+            (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step of each micro-batch shape
+            pays the compile. Off by default (CPU runs and tests would pay the compile for nothing);
+            ``docs/perf/gpu.md`` has its measured effect on the replay.
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """
 
@@ -85,6 +91,7 @@ class DiffusionModelConfig(BaseConfig):
     lora: DiffusionLoraConfig = field(default_factory=DiffusionLoraConfig)
     enable_gradient_checkpointing: bool = True
     enable_activation_offload: bool = False
+    compile_transformer_blocks: bool = False
     use_remove_padding: bool = False
 
     def __post_init__(self):

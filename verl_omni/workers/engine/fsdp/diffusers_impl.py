@@ -32,6 +32,7 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
 
 from __future__ import annotations
 
+import ctypes
 import logging
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -72,6 +73,42 @@ def _dtype(name: str, key: str) -> torch.dtype:
         return PrecisionType.to_dtype(name)
     except RuntimeError as error:
         raise ValueError(f"{key}={name!r} is not a precision verl knows (fp32, bf16, fp16)") from error
+
+
+def release_host_memory() -> None:
+    """Hand the host memory freed since loading back to the system (glibc keeps freed heap pages otherwise).
+
+    Loading a checkpoint fills the heap with its CPU tensors; once they are on the device (or in the offload's own
+    buffers) the pages stay in this process's resident size. On one GPU shared with a sleeping rollout, whose
+    weights wait in host memory too, that was what made the host run out (``docs/perf/gpu.md``, the H100).
+    """
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def compile_blocks(module: torch.nn.Module, block_classes) -> int:
+    """``torch.compile`` the ``forward`` of every submodule whose class (or, once FSDP2 has subclassed it, its base)
+    is named in ``block_classes``; returns how many. The module's ``__call__`` stays eager, so FSDP's unshard and
+    reshard hooks and gradient checkpointing's recompute wrap the compiled forward instead of being traced into it;
+    the blocks share one code object, hence one compiled graph per input shape.
+
+    Raises:
+        ValueError: no submodule matched (the adapter's ``fsdp_wrap_blocks`` do not name this module's blocks).
+    """
+    names = set(block_classes)
+    blocks = [m for m in module.modules() if {c.__name__ for c in type(m).__mro__} & names]
+    if not blocks:
+        raise ValueError(
+            f"model.compile_transformer_blocks found no block of classes {sorted(names)} in {type(module).__name__}"
+        )
+    for block in blocks:
+        block.forward = torch.compile(block.forward)
+    return len(blocks)
 
 
 @EngineRegistry.register(model_type="diffusion_model", backend="fsdp2", device=["cuda", "cpu"])
@@ -115,6 +152,7 @@ class DiffusersFSDPEngine(FSDPEngine):
             self.ema = WeightEMA(self.module, self.ema_decay)
         self.scheduler = self.adapter.build_scheduler(self.model_config.path)
         self.to(device="cpu", model=self._is_offload_param, optimizer=self._is_offload_optimizer, grad=False)
+        release_host_memory()
 
     def _build_module(self):
         dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
@@ -181,6 +219,11 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def _build_fsdp_module(self, module):
         self._shard(module)
+        if self.model_config.compile_transformer_blocks:
+            count = compile_blocks(module, self.adapter.fsdp_wrap_blocks)
+            logger.info(
+                "torch.compile on the forward of %d transformer blocks (model.compile_transformer_blocks)", count
+            )
         if self.model_config.enable_activation_offload:
             from verl.utils.activation_offload import enable_activation_offloading
 
