@@ -103,7 +103,9 @@ def _gradient(actor, batch, spec) -> dict[str, torch.Tensor]:
     engine.optimizer_zero_grad()
     # the train mode zeroes the gradients on exit: read them inside
     with engine.train_mode():
-        engine.forward_backward_batch(actor._prepare(batch, spec), actor.loss_fn)
+        engine.forward_backward_batch(
+            actor._prepare(batch, spec, actor.config.ppo_micro_batch_size_per_gpu), actor.loss_fn
+        )
         params = engine.module.named_parameters()
         return {n: p.grad.full_tensor().clone() for n, p in params if p.grad is not None}
 
