@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, after `eval "$(bash scripts/device/setup_stack.sh .gpu-bundle)"`:
+# the OCR recipe benchmark (benchmarks/flowgrpo_recipe_step.py, ~20 min on an H200 with the checkpoint's writing)
+# outlasts one device call (10 min). It runs in its own session, which outlives the call, and each call waits for
+# it up to WAIT seconds, then prints the steps so far. The next call must come within the machine's 30 s idle
+# release, or the machine and the run are gone.
+#   START=1 WAIT=500 bash scripts/device/recipe_in_background.sh [Hydra overrides]   # first call
+#   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
+# OUT (the device tool's folder) receives the log and, at the end, the per-step JSON.
+set -uo pipefail
+log=/tmp/recipe.log
+if [ -n "${START:-}" ]; then
+  setsid nohup python3 benchmarks/flowgrpo_recipe_step.py --model /tmp/qr --write-model --prompts "${PROMPTS:-8}" \
+    --steps "${STEPS:-3}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
+  sleep 5
+fi
+end=$((SECONDS + ${WAIT:-540}))
+while [ $SECONDS -lt $end ]; do
+  if grep -q "trainer process:" "$log" || ! pgrep -f flowgrpo_recipe_step > /dev/null; then break; fi
+  sleep 10
+done
+grep -E "^\[recipe\]|^step:[0-9]+ " "$log" | cut -c1-300 | tail -8
+grep -E "Traceback|OutOfMemory|recompile_limit|killed" "$log" | tail -5 | cut -c1-300
+free -g | head -2
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+tail -c 15000000 "$log" > "${OUT:-/tmp}/recipe.log"
+cp /tmp/recipe.json "${OUT:-/tmp}/" 2> /dev/null && grep '^{' "$log" | tail -4
+exit 0
