@@ -147,7 +147,8 @@ def test_drop_zero_std_groups_skips_empty_mini_batches_and_refuses_a_batch_that_
     spec = SamplingSpec(**rec["spec"])
     algorithm = FlowGRPOAlgoConfig(drop_zero_std_groups=True)
     actor = _actor(tiny_qwen_image_path, algorithm_config=algorithm, ppo_mini_batch_size=2, shuffle=False)
-    batch = _batch(rec, torch.tensor([0.0, 0.0, 1.0, -1.0]))
+    # the kept group's advantages do not cancel: on policy (ratio 1) its pg_loss is their mean, -0.25, not 0
+    batch = _batch(rec, torch.tensor([0.0, 0.0, 1.0, -0.5]))
     batch["old_log_probs"] = rec["rollout_log_probs"]
     with pytest.raises(KeyError, match="sample_mask"):
         actor.update_policy(batch, spec)
