@@ -181,14 +181,19 @@ class QwenImageTrainingAdapter(ModelAdapter):
 
 
 def _stacked(first: PromptEmbeds, second: PromptEmbeds) -> PromptEmbeds:
-    """``first`` then ``second`` as one batch ``[2B, L, D]``, the shorter padded with zeros that its mask excludes
-    (an all-ones mask stays None: diffusers' unmasked attention path, as :func:`_embeds` keeps it)."""
+    """``first`` then ``second`` as one batch ``[2B, L, D]``, the shorter padded with zeros that its mask excludes.
+
+    The mask stays None (diffusers' unmasked attention path) exactly when neither part has one and no padding is
+    added: :func:`_embeds` already made an all-ones mask None, so this needs no look at the values (no host sync
+    in the replay).
+    """
     length = max(first.embeds.shape[1], second.embeds.shape[1])
+    if first.mask is None and second.mask is None and first.embeds.shape[1] == second.embeds.shape[1]:
+        return PromptEmbeds(torch.cat([first.embeds, second.embeds]), None)
     embeds, masks = [], []
     for part in (first, second):
         batch, own = part.embeds.shape[:2]
         mask = part.mask if part.mask is not None else part.embeds.new_ones(batch, own, dtype=torch.long)
         embeds.append(torch.nn.functional.pad(part.embeds, (0, 0, 0, length - own)))
         masks.append(torch.nn.functional.pad(mask.to(torch.long), (0, length - own)))
-    mask = torch.cat(masks)
-    return PromptEmbeds(torch.cat(embeds), None if bool(mask.all()) else mask)
+    return PromptEmbeds(torch.cat(embeds), torch.cat(masks))
