@@ -6,8 +6,9 @@ forwards save/load checkpoint and offload to the engine. On top it exposes the a
 as DataProto methods split over the data-parallel ranks (``DP_COMPUTE_PROTO``):
 ``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ: LoRA disabled, or the
 frozen base copy of full fine-tuning), ``update_actor``, ``get_lora_params`` (LoRA tensors for the
-rollout) and, for full fine-tuning, ``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer, or the EMA of
-its weights, in checked buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
+rollout; ``share_lora_params`` shares them on the GPU by CUDA IPC instead) and, for full fine-tuning,
+``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer, or the EMA of its weights, in checked
+buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
 
 The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
 lives in the actor's engine, so one worker covers verl's actor and ref roles.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 
+import torch
 import torch.distributed as dist
 from verl import DataProto
 from verl.single_controller.base.decorator import Dispatch, register
@@ -34,6 +36,7 @@ from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp import policy_versions
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
+from verl_omni.workers.rollout import device_share
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
 from verl_omni.workers.utils.losses import default_algorithm_config
 
@@ -70,6 +73,8 @@ class DiffusionActorWorker(TrainingWorker):
         self.actor: DiffusionActor | None = None
         # earlier weight versions still needed (separate_async): version -> this rank's trainable shards on the host
         self.policy_versions: dict[int, dict] = {}
+        # device buffers the rollout reads by CUDA IPC during a sync (device_share), dropped by release_shared
+        self._shared_buffers: list = []
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -138,12 +143,38 @@ class DiffusionActorWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def get_weight_bucket(
-        self, plan: list[list[str]], version: int, index: int, ema: bool = False
+        self, plan: list[list[str]], version: int, index: int, ema: bool = False, shared: bool = False
     ) -> WeightBucket | None:
         """Bucket ``index`` of sync ``version`` (``ema``: of the EMA weights), checksummed; every rank gathers its
         shards, rank 0 returns it (non-blocking: the caller hands rank 0's object reference to the rollout servers,
-        the bucket never passes through the trainer process)."""
-        tensors = self.engine.weight_bucket(plan, index, ema=ema)
+        the bucket never passes through the trainer process). ``shared``: every rank packs it on its GPU and
+        returns its CUDA IPC handle instead (``device_share``), keeping this bucket and the one before alive
+        (the rollout loads one while the next is gathered) until :meth:`release_shared`."""
+        tensors = self.engine.weight_bucket(plan, index, ema=ema, to_host=not shared)
+        if shared:
+            handle, buffer = device_share.share(tensors, self._device())
+            self._shared_buffers = [*self._shared_buffers[-1:], buffer]
+            return WeightBucket.shared_build(version, index, len(plan), handle)
         if dist.get_rank() != 0:
             return None
         return WeightBucket.build(version, index, len(plan), tensors)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def share_lora_params(self) -> tuple[device_share.SharedTensors, dict]:
+        """``(handle, peft_config)``: the current LoRA packed on this rank's GPU for the colocated rollout to open by
+        CUDA IPC (``device_share``); every rank shares its own copy, kept until :meth:`release_shared`."""
+        params, config = self.engine.get_per_tensor_param(to_host=False)
+        handle, buffer = device_share.share(dict(params), self._device())
+        self._shared_buffers = [buffer]
+        return handle, config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_shared(self) -> None:
+        """Drop the buffers shared with the rollout (after every server finished reading them)."""
+        self._shared_buffers = []
+        torch.cuda.ipc_collect()
+        torch.cuda.empty_cache()
+
+    @staticmethod
+    def _device() -> torch.device:
+        return torch.device(get_device_name(), torch.cuda.current_device())

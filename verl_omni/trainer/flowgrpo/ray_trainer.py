@@ -282,18 +282,40 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def _sync_weights(self, metrics: dict) -> None:
         """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
-        each replica binding them; with full fine-tuning the transformer in checksummed buckets (``weight_sync``)."""
+        each replica binding them; with full fine-tuning the transformer in checksummed buckets (``weight_sync``).
+        Colocated on GPUs the weights stay on the device and travel as CUDA IPC handles (``device_share``)."""
         from verl_omni.workers.rollout import weight_sync
 
+        start = time.perf_counter()
         if self.colocate:
             self._call_servers("wake_up")
+        metrics["sync/wake_seconds"] = time.perf_counter() - start
         if self.configs.model.lora.rank == 0:
             metrics.update(self._push_full_weights())
             return
         servers = self.llm_server_manager.server_handles
-        tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
-        bound = asyncio.run(weight_sync.push_lora_to_replicas(servers, peft_config, tensors))
+        if self._shares_device_memory:
+            start = time.perf_counter()
+            per_rank = self.actor_rollout_wg.share_lora_params()
+            metrics["sync/export_seconds"] = time.perf_counter() - start
+            try:
+                bound = asyncio.run(
+                    weight_sync.push_lora_to_replicas(servers, per_rank[0][1], shared=[h for h, _ in per_rank])
+                )
+            finally:
+                self.actor_rollout_wg.release_shared()
+        else:
+            start = time.perf_counter()
+            tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
+            metrics["sync/export_seconds"] = time.perf_counter() - start
+            bound = asyncio.run(weight_sync.push_lora_to_replicas(servers, peft_config, tensors))
+        metrics["sync/push_seconds"] = time.perf_counter() - start - metrics["sync/export_seconds"]
         metrics["sync/lora_modules_bound_min"] = min(bound)
+
+    @property
+    def _shares_device_memory(self) -> bool:
+        """Whether the weights reach the rollout by CUDA IPC: colocated (each replica on actor ranks' GPUs) on CUDA."""
+        return self.colocate and self.device == "cuda"
 
     def _push_full_weights(self, ema: bool = False) -> dict[str, float]:
         """The actor's transformer (``ema``: the EMA of its weights) to every replica in checked buckets."""
@@ -302,7 +324,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
         servers = self.llm_server_manager.server_handles
         return asyncio.run(
-            weight_sync.push_full_weights(self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema)
+            weight_sync.push_full_weights(
+                self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema, self._shares_device_memory
+            )
         )
 
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:

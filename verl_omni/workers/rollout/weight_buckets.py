@@ -13,8 +13,9 @@ A full fine-tuning run sends the whole transformer after every update (LoRA runs
 A bucket lost or corrupted on the way therefore fails the sync with an error naming it, instead of
 leaving the rollout sampling from a mix of old and new weights while training looks healthy. The
 transport is not this module's: on CPU buckets travel through Ray's object store (shared memory on a
-node, ``weight_sync.push_full_weights``) and the engine's worker RPC; GPU transports (CUDA IPC
-colocated, NCCL between pools) would carry the same buckets (``docs/actor.md``, full fine-tuning).
+node, ``weight_sync.push_full_weights``) and the engine's worker RPC; colocated on a GPU a bucket stays on
+the device and only its CUDA IPC handle travels (:mod:`~verl_omni.workers.rollout.device_share`); NCCL
+between separate pools is not built (``docs/actor.md``, full fine-tuning).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ class WeightBucket:
         count (`int`): buckets in the sync.
         tensors (`dict[str, torch.Tensor]`): full tensors on CPU under the trained module's (diffusers) names.
         checksum (`str`): :func:`bucket_checksum` of ``tensors`` as the sender built them.
+        shared (`tuple[SharedTensors, ...]`): instead of ``tensors``, the bucket packed on the senders' GPUs, one
+            per GPU, for CUDA IPC (:mod:`~verl_omni.workers.rollout.device_share`, which checks it on arrival).
     """
 
     version: int
@@ -83,6 +86,19 @@ class WeightBucket:
     count: int
     tensors: dict[str, torch.Tensor] = field(repr=False)
     checksum: str
+    shared: tuple = ()
+
+    @classmethod
+    def shared_build(cls, version: int, index: int, count: int, handle) -> WeightBucket:
+        """The bucket as one sender GPU shares it (``device_share.share``); :meth:`merged` joins the GPUs'."""
+        return cls(version, index, count, {}, "", (handle,))
+
+    @classmethod
+    def merged(cls, buckets: Iterable[WeightBucket]) -> WeightBucket:
+        """One shared bucket from every sender rank's copy of it (each receiver opens the one on its GPU)."""
+        buckets = list(buckets)
+        first = buckets[0]
+        return cls(first.version, first.index, first.count, {}, "", tuple(h for b in buckets for h in b.shared))
 
     @classmethod
     def build(cls, version: int, index: int, count: int, tensors: Mapping[str, torch.Tensor]) -> WeightBucket:
@@ -92,6 +108,8 @@ class WeightBucket:
 
     @property
     def nbytes(self) -> int:
+        if self.shared:
+            return self.shared[0].nbytes
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def to_fields(self) -> dict:
@@ -102,6 +120,7 @@ class WeightBucket:
             "count": self.count,
             "tensors": self.tensors,
             "checksum": self.checksum,
+            "shared": self.shared,
         }
 
 
@@ -154,6 +173,31 @@ class WeightSyncReceiver:
             )
         if bucket.index in self.received:
             raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version} arrived twice")
+        tensors = self._checked_tensors(bucket)
+        loaded = self.load(list(tensors.items()))
+        del tensors  # shared buckets: views of the sender's GPU memory, let go before it frees them
+        if not loaded:
+            self.broken = f"bucket {bucket.index} loaded nothing"
+            names = bucket.shared[0].names if bucket.shared else sorted(bucket.tensors)
+            raise WeightSyncError(
+                f"bucket {bucket.index} of weight sync {bucket.version} set no rollout parameter (names like "
+                f"{names[:4]}): the rollout does not know these names"
+            )
+        self.received[bucket.index] = len(loaded)
+        self.loaded |= set(loaded)
+        self.bytes += bucket.nbytes
+        return len(loaded)
+
+    def _checked_tensors(self, bucket: WeightBucket) -> dict[str, torch.Tensor]:
+        """The bucket's tensors once its checksum holds (a shared bucket: opened on this GPU and checked there)."""
+        if bucket.shared:
+            from verl_omni.workers.rollout import device_share
+
+            try:
+                return device_share.open_shared(bucket.shared)
+            except RuntimeError as error:
+                self.broken = f"bucket {bucket.index} not opened intact"
+                raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version}: {error}") from error
         actual = bucket_checksum(bucket.tensors)
         if actual != bucket.checksum:
             self.broken = f"bucket {bucket.index} corrupted"
@@ -161,17 +205,7 @@ class WeightSyncReceiver:
                 f"bucket {bucket.index} of weight sync {bucket.version} is corrupted: checksum {actual} on arrival, "
                 f"{bucket.checksum} when sent (tensors {sorted(bucket.tensors)[:4]}...); it was not loaded"
             )
-        loaded = self.load(list(bucket.tensors.items()))
-        if not loaded:
-            self.broken = f"bucket {bucket.index} loaded nothing"
-            raise WeightSyncError(
-                f"bucket {bucket.index} of weight sync {bucket.version} set no rollout parameter (names like "
-                f"{sorted(bucket.tensors)[:4]}): the rollout does not know these names"
-            )
-        self.received[bucket.index] = len(loaded)
-        self.loaded |= set(loaded)
-        self.bytes += bucket.nbytes
-        return len(loaded)
+        return bucket.tensors
 
     def finish(self, version: int) -> dict[str, int]:
         """Close sync ``version``: every bucket arrived and every expected parameter was written, else raise.

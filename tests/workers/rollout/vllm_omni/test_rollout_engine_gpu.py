@@ -42,6 +42,74 @@ def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, id
 
 # pixel levels a zero LoRA may differ from no LoRA on CUDA: bf16 rounding of recompiled kernels (test below)
 ZERO_LORA_PIXEL_BOUND = 2
+# a few buckets of the tiny transformer
+BUCKET_BYTES = 256 << 10
+
+
+def _image(loop, engine, ids, request_id):
+    prompt, negative = ids
+    (out,) = loop.run(engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_token_ids=negative))
+    return out.diffusion_output
+
+
+def _shared_sync(loop, engine, weights, version):
+    """The colocated trainer's full-weight sync minus Ray: this process packs each bucket on the GPU and the engine's
+    worker opens it by CUDA IPC (``device_share``), checks and loads it; the buffers are dropped after the close."""
+    from verl_omni.workers.rollout import device_share
+    from verl_omni.workers.rollout.weight_buckets import WeightBucket, plan_buckets
+
+    plan = plan_buckets(((n, t.numel() * t.element_size()) for n, t in weights.items()), BUCKET_BYTES)
+    loop.run(engine.begin_weight_sync(version, len(plan)))
+    kept = []
+    for index, names in enumerate(plan):
+        handle, buffer = device_share.share({n: weights[n] for n in names}, torch.device("cuda", 0))
+        kept.append(buffer)
+        assert loop.run(engine.load_weight_bucket(WeightBucket.shared_build(version, index, len(plan), handle))) > 0
+    report = loop.run(engine.finish_weight_sync(version))
+    del kept
+    torch.cuda.ipc_collect()
+    return report, len(plan)
+
+
+def test_full_weights_through_cuda_ipc_change_the_image_and_the_base_restores_it(
+    loop, bf16_engine, ids, tiny_qwen_image_bf16_path
+):
+    """Before any LoRA (a LoRA-wrapped engine refuses full weights): perturbed weights by CUDA IPC move the image, the
+    checkpoint's own weights by CUDA IPC bring it back; a buffer changed after it was shared is refused."""
+    from diffusers import QwenImageTransformer2DModel
+
+    from verl_omni.workers.rollout import device_share
+    from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError
+
+    base = _image(loop, bf16_engine, ids, "ipc-base")
+    transformer = QwenImageTransformer2DModel.from_pretrained(
+        tiny_qwen_image_bf16_path, subfolder="transformer", torch_dtype=torch.bfloat16
+    )
+    weights = {name: t.detach().to("cuda") for name, t in transformer.state_dict().items()}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    moved = {
+        name: t + 0.05 * torch.randn(t.shape, generator=gen, device="cuda", dtype=t.dtype)
+        for name, t in weights.items()
+    }
+    report, buckets = _shared_sync(loop, bf16_engine, moved, version=1)
+    assert buckets > 1 and report["params"] > 0
+    moved_diff = (_image(loop, bf16_engine, ids, "ipc-moved").int() - base.int()).abs().max().item()
+    _shared_sync(loop, bf16_engine, weights, version=2)
+    back_diff = (_image(loop, bf16_engine, ids, "ipc-back").int() - base.int()).abs().max().item()
+    print(f"full weights by CUDA IPC: {buckets} buckets; max |pixel diff| perturbed {moved_diff}, restored {back_diff}")
+    assert moved_diff > 8 and back_diff <= ZERO_LORA_PIXEL_BOUND
+
+    # a sender that refills its buffer before the rollout reads it: the checksum on arrival refuses the bucket
+    name = next(iter(weights))
+    loop.run(bf16_engine.begin_weight_sync(3, 1))
+    handle, buffer = device_share.share({name: weights[name]}, torch.device("cuda", 0))
+    buffer[:64].add_(1)
+    with pytest.raises(WeightSyncError, match="not the one sent"):
+        loop.run(bf16_engine.load_weight_bucket(WeightBucket.shared_build(3, 0, 1, handle)))
+    with pytest.raises(WeightSyncError, match="failed earlier"):
+        loop.run(bf16_engine.finish_weight_sync(3))
+    del buffer
+    _shared_sync(loop, bf16_engine, weights, version=4)
 
 
 def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_engine, ids):
@@ -74,3 +142,24 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     # for the new graph: their rounding moved a pixel by 2 levels on an H100 (2026-11-24; 0 on another call). A
     # zero LoRA restores the base within that rounding; a LoRA still bound would move it like the LoRA does.
     assert lora_diff > 8 and zero_diff <= ZERO_LORA_PIXEL_BOUND
+
+    # the same LoRA by CUDA IPC (colocated sync) gives the host sync's image; the worker keeps its own copy, so the
+    # image holds after the sender's buffer is freed and its memory written over
+    from verl_omni.workers.rollout import device_share
+
+    config, tensors = lora(2.0)
+    loop.run(bf16_engine.load_lora_tensors(config, tensors))
+    host_image = one("lora-host")
+    handle, buffer = device_share.share({n: t.to("cuda") for n, t in tensors.items()}, torch.device("cuda", 0))
+    assert len(loop.run(bf16_engine.load_lora_tensors(config, shared=[handle]))) > 0
+    ipc_image = one("lora-ipc")
+    buffer.zero_()
+    del buffer
+    torch.cuda.ipc_collect()
+    scratch = torch.full((1 << 20,), 7, dtype=torch.uint8, device="cuda")
+    after_free = one("lora-ipc-after-free")
+    del scratch
+    ipc_diff = (ipc_image.int() - host_image.int()).abs().max().item()
+    free_diff = (after_free.int() - ipc_image.int()).abs().max().item()
+    print(f"LoRA by CUDA IPC vs host sync: max |pixel diff| {ipc_diff}; after the sender freed its buffer {free_diff}")
+    assert ipc_diff <= ZERO_LORA_PIXEL_BOUND and free_diff == 0

@@ -68,8 +68,9 @@ def engine_state_name(rank: int, world_size: int) -> str:
     return f"engine_state_rank{rank}_of{world_size}.pt"
 
 
-def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Unsharded LoRA tensors on CPU, in peft's adapter-free naming. Collective over the FSDP mesh."""
+def gather_lora_state_dict(module: torch.nn.Module, to_host: bool = True) -> dict[str, torch.Tensor]:
+    """Unsharded LoRA tensors on CPU (``to_host=False``: on this rank's device), in peft's adapter-free naming.
+    Collective over the FSDP mesh."""
     from peft.utils import get_peft_model_state_dict
 
     sharded = get_peft_model_state_dict(module, adapter_name=ADAPTER_NAME)
@@ -79,12 +80,13 @@ def gather_lora_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     for name in sorted(sharded):
         tensor = sharded[name]
         tensor = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-        full[name] = tensor.detach().to("cpu").clone()
+        full[name] = _landed(tensor, to_host)
     return full
 
 
-def gather_full_tensors(module: torch.nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
-    """Full (unsharded) tensors ``names`` of the module's state dict, on CPU. Collective over the FSDP mesh."""
+def gather_full_tensors(module: torch.nn.Module, names: list[str], to_host: bool = True) -> dict[str, torch.Tensor]:
+    """Full (unsharded) tensors ``names`` of the module's state dict, on CPU (``to_host=False``: on this rank's
+    device, for a transport that reads them there). Collective over the FSDP mesh."""
     state = module.state_dict()
     missing = [name for name in names if name not in state]
     if missing:
@@ -95,8 +97,15 @@ def gather_full_tensors(module: torch.nn.Module, names: list[str]) -> dict[str, 
         tensor = state[name]
         # shards offloaded to the host (param_offload between phases, or engine.offload_policy) gather on the device
         tensor = tensor.to(device).full_tensor() if isinstance(tensor, DTensor) else tensor
-        full[name] = tensor.detach().to("cpu").clone()
+        full[name] = _landed(tensor, to_host)
     return full
+
+
+def _landed(tensor: torch.Tensor, to_host: bool) -> torch.Tensor:
+    """A gathered tensor as the caller keeps it: a host copy, or on the device as gathered (it may share the
+    parameter's memory on one rank: the caller copies it before the next optimizer step)."""
+    tensor = tensor.detach()
+    return tensor.to("cpu").clone() if to_host else tensor.to(get_device_id())
 
 
 def save_transformer_dir(module_class, config, directory: Path, state: dict[str, torch.Tensor]) -> None:

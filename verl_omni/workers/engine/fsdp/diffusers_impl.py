@@ -415,15 +415,17 @@ class DiffusersFSDPEngine(FSDPEngine):
             )
         old_adapter.ema_update(self.module, decay)
 
-    def lora_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) LoRA tensors on CPU, named as diffusers' ``get_peft_model_state_dict`` names them.
+    def lora_state_dict(self, to_host: bool = True) -> dict[str, torch.Tensor]:
+        """Full (unsharded) LoRA tensors on CPU (``to_host=False``: on this rank's device), named as diffusers'
+        ``get_peft_model_state_dict`` names them.
 
         A collective: every rank must call it.
         """
-        return checkpoint.gather_lora_state_dict(self.module)
+        return checkpoint.gather_lora_state_dict(self.module, to_host)
 
-    def get_per_tensor_param(self, **kwargs):
-        """Weights for the rollout (verl's contract): ``(iterator of (name, tensor), peft config or None)``.
+    def get_per_tensor_param(self, to_host: bool = True, **kwargs):
+        """Weights for the rollout (verl's contract): ``(iterator of (name, tensor), peft config or None)``; on CPU,
+        or with ``to_host=False`` on this rank's device (the CUDA IPC sync, :mod:`~verl_omni.workers.rollout.device_share`).
 
         LoRA: the LoRA tensors in peft's checkpoint naming, ``base_model.model.<module>.lora_A.weight`` with
         ``<module>`` the rollout's name of the trained module, as vLLM's LoRA loader parses peft checkpoints;
@@ -434,8 +436,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         """
         if not self._is_lora:
             names = list(self.module.state_dict())
-            return ((name, checkpoint.gather_full_tensors(self.module, [name])[name]) for name in names), None
-        tensors = self.lora_state_dict()
+            gather = checkpoint.gather_full_tensors
+            return ((name, gather(self.module, [name], to_host)[name]) for name in names), None
+        tensors = self.lora_state_dict(to_host)
         config, rollout_tensors = self.adapter.rollout_lora(
             tensors, self.module.peft_config[checkpoint.ADAPTER_NAME].to_dict()
         )
@@ -453,11 +456,13 @@ class DiffusersFSDPEngine(FSDPEngine):
         sizes = ((name, t.numel() * t.element_size()) for name, t in self.module.state_dict().items())
         return plan_buckets(sizes, bucket_bytes)
 
-    def weight_bucket(self, plan: list[list[str]], index: int, ema: bool = False) -> dict[str, torch.Tensor]:
-        """The full tensors of bucket ``index`` of ``plan``, on CPU (``ema``: the EMA's, :mod:`.ema`). A collective:
-        every rank gathers its shards."""
+    def weight_bucket(
+        self, plan: list[list[str]], index: int, ema: bool = False, to_host: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The full tensors of bucket ``index`` of ``plan``, on CPU (``to_host=False``: the live weights on this
+        rank's device; ``ema``: the EMA's, on CPU, :mod:`.ema`). A collective: every rank gathers its shards."""
         if not ema:
-            return checkpoint.gather_full_tensors(self.module, plan[index])
+            return checkpoint.gather_full_tensors(self.module, plan[index], to_host)
         if self.ema is None:
             raise RuntimeError("the EMA weights were asked for, but actor.ema_decay is 0 (no EMA is kept)")
         return self.ema.full_tensors(self.module, plan[index])

@@ -336,30 +336,42 @@ class OmniRolloutEngine:
     async def abort(self, request_ids: list[str]) -> None:
         await self._require_engine().abort(request_ids)
 
-    async def load_lora_tensors(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
+    async def load_lora_tensors(
+        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None
+    ) -> list[str]:
         """Make an in-memory adapter the one every generation uses; returns the modules it binds.
 
-        The adapter gets a new id (vLLM-Omni caches adapters by id), is probed in the worker, and
-        only then replaces the previous one (removed). An adapter binding no module is removed and
+        The adapter comes as host ``tensors``, or as ``shared``: a list of
+        :class:`~verl_omni.workers.rollout.device_share.SharedTensors` (one per sender GPU) that each worker
+        opens by CUDA IPC on its own GPU. It gets a new id (vLLM-Omni caches adapters by id), is probed in the
+        worker, and only then replaces the previous one (removed). An adapter binding no module is removed and
         raises ``ValueError``.
         """
+        if (tensors is None) == (shared is None):
+            raise ValueError("load_lora_tensors takes the adapter as host tensors or as shared tensors, one of them")
         async with self._lora_lock:
-            return await self._swap_lora(peft_config, tensors)
+            return await self._swap_lora(peft_config, tensors, shared)
 
-    async def _swap_lora(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> list[str]:
-        from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRARequest, in_memory_lora_path
+    async def _swap_lora(self, peft_config: dict[str, Any], tensors, shared) -> list[str]:
+        from vllm.lora.request import LoRARequest
+
+        from verl_omni.workers.rollout.vllm_omni.lora import in_memory_lora_path
 
         adapter_id = self._next_lora_id
         self._next_lora_id += 1
         # plain fields through our own RPC: a multi-stage engine's IPC rebuilds ``add_lora``'s request
         # as a plain LoRARequest, dropping the tensors (and reports success while nothing was added)
-        fields = {
+        request = {
             "lora_name": f"verl_omni_lora_{adapter_id}",
             "lora_int_id": adapter_id,
             "lora_path": in_memory_lora_path(adapter_id),
-            "peft_config": dict(peft_config),
-            "lora_tensors": {name: t.detach().cpu().contiguous() for name, t in tensors.items()},
         }
+        fields = {**request, "peft_config": dict(peft_config)}
+        if shared is not None:
+            fields["shared_tensors"] = list(shared)
+        else:
+            fields["lora_tensors"] = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+        names = [entry[0] for entry in shared[0].layout] if shared is not None else sorted(tensors)
         added = _flatten(await self.collective_rpc("verl_omni_add_lora", fields))
         if not added or not all(added):
             raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id} (per worker: {added})")
@@ -370,11 +382,11 @@ class OmniRolloutEngine:
             await self.collective_rpc("remove_lora", adapter_id)
             what = "binds no module" if not bound else f"has weights that bind no module: {unused[:8]}"
             raise ValueError(
-                f"LoRA adapter {what} of the rollout model (tensor names like {sorted(tensors)[:4]}, "
+                f"LoRA adapter {what} of the rollout model (tensor names like {sorted(names)[:4]}, "
                 f"target_modules={peft_config.get('target_modules')}): fix the names or target_modules"
             )
         await self.clear_lora()
-        self.active_lora = TensorLoRARequest(**fields).without_tensors()
+        self.active_lora = LoRARequest(**request)
         logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
         return bound
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import torch
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.peft_helper import PEFTHelper
 from vllm.lora.request import LoRARequest
@@ -48,10 +49,6 @@ class TensorLoRARequest(LoRARequest):
     peft_config: dict | None = None
     lora_tensors: dict | None = None
 
-    def without_tensors(self) -> LoRARequest:
-        """The light request that per-generation sampling params carry once the adapter is loaded."""
-        return LoRARequest(lora_name=self.lora_name, lora_int_id=self.lora_int_id, lora_path=self.lora_path)
-
 
 class TensorLoRAManager(DiffusionLoRAManager):
     """vLLM-Omni's diffusion LoRA manager that also accepts :class:`TensorLoRARequest`."""
@@ -68,11 +65,14 @@ class TensorLoRAManager(DiffusionLoRAManager):
         if not self._expected_lora_modules:
             raise ValueError("No supported LoRA modules found in the diffusion pipeline.")
         peft_helper = PEFTHelper.from_dict(dict(lora_request.peft_config or {}))
+        # host tensors (the pickled sync) stay on the host until activation; tensors opened by CUDA IPC and
+        # copied on the GPU (``device_share``) stay there
+        device = next(iter(tensors.values())).device if tensors else torch.device("cpu")
         lora_model = LoRAModel.from_lora_tensors(
             lora_model_id=lora_request.lora_int_id,
             tensors=dict(tensors),
             peft_helper=peft_helper,
-            device="cpu",
+            device=str(device),
             dtype=self.dtype,
             model_vocab_size=None,
             weights_mapper=None,

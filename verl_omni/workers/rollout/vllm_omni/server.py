@@ -178,9 +178,12 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         """Requests per transformer batch of every rollout forward of this server's engine so far."""
         return await self.omni.request_batch_sizes()
 
-    async def load_lora_tensors(self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> int:
-        """Push an in-memory LoRA adapter; returns how many modules it binds (never 0: that raises)."""
-        return len(await self.omni.load_lora_tensors(peft_config, tensors))
+    async def load_lora_tensors(
+        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None
+    ) -> int:
+        """Push an in-memory LoRA adapter, as host ``tensors`` or as CUDA IPC handles ``shared`` (one per sender GPU,
+        ``device_share``); returns how many modules it binds (never 0: that raises)."""
+        return len(await self.omni.load_lora_tensors(peft_config, tensors, shared))
 
     async def begin_weight_sync(self, version: int, count: int) -> None:
         """Open full-weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``)."""

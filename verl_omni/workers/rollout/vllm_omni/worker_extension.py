@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 
+import torch
 from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
 
+from verl_omni.workers.rollout import device_share
 from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRAManager, TensorLoRARequest
 from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError, WeightSyncReceiver
 
@@ -38,7 +40,16 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
         )
 
     def verl_omni_add_lora(self, fields: dict) -> list[bool]:
-        """Register the in-memory adapter given by ``TensorLoRARequest`` fields (see ``OmniRolloutEngine``)."""
+        """Register the in-memory adapter given by ``TensorLoRARequest`` fields (see ``OmniRolloutEngine``); its
+        tensors come as ``lora_tensors`` on the host or as ``shared_tensors`` opened here by CUDA IPC and copied
+        on this GPU (the sender frees its buffer once the sync is over)."""
+        fields = dict(fields)
+        shared = fields.pop("shared_tensors", None)
+        if shared is not None:
+            views = device_share.open_shared(shared)
+            fields["lora_tensors"] = {name: view.clone() for name, view in views.items()}
+            del views
+            torch.cuda.synchronize()
         return [self.lora_manager.add_adapter(TensorLoRARequest(**fields))]
 
     def verl_omni_lora_binding(self, adapter_id: int) -> list[dict]:
