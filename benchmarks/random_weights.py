@@ -142,9 +142,18 @@ def fill_random_(module: torch.nn.Module, seed: int = 0) -> None:
 
 
 class RandomWeightsMixin:
-    """``load_weights`` that fills the transformer in place and reports every parameter loaded."""
+    """``load_weights`` that fills the transformer in place and reports every parameter loaded, at the engine's
+    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given."""
 
     def load_weights(self, weights) -> set[str]:
+        if getattr(self, "_random_filled", False):
+            return super().load_weights(weights)
+        self._random_filled = True
+        # the model's own loader, given no weights, still sets what it exposes on the way (Qwen-Image's
+        # ``stacked_params_mapping``, from which vLLM-Omni's LoRA manager learns the fused q/k/v layers)
+        own_loader = getattr(self.transformer, "load_weights", None)
+        if own_loader is not None:
+            own_loader(iter(()))
         fill_random_(self.transformer)
         return {name for name, _ in self.named_parameters()}
 
