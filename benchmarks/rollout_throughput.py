@@ -38,6 +38,7 @@ import functools
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -85,21 +86,24 @@ def engine_kwargs(args) -> dict:
     return {"enforce_eager": not args.compile} if args.device == "cuda" else {}
 
 
-async def time_rounds(modes: dict, cfgs: list[float], repeats: int) -> dict[tuple[str, float], float]:
-    """Warm every (mode, cfg) once, then alternate them round by round; seconds per round, averaged."""
+async def time_rounds(
+    modes: dict, cfgs: list[float], repeats: int, stat: str = "mean"
+) -> dict[tuple[str, float], float]:
+    """Warm every (mode, cfg) once, then alternate them round by round; seconds per round, averaged (``stat``
+    ``"median"``: the median round, which a machine shared with other jobs disturbs less than the mean)."""
     for name, run in modes.items():
         for cfg in cfgs:
             await run(cfg, 0)
             logger.info("warmed %s cfg=%g", name, cfg)
-    elapsed = {(name, cfg): 0.0 for name in modes for cfg in cfgs}
+    elapsed = {(name, cfg): [] for name in modes for cfg in cfgs}
     for r in range(1, repeats + 1):
-        for (name, cfg), _ in elapsed.items():
+        for (name, cfg), rounds in elapsed.items():
             start = time.perf_counter()
             await modes[name](cfg, r)
-            seconds = time.perf_counter() - start
-            elapsed[(name, cfg)] += seconds
-            logger.info("%s cfg=%g round %d: %.3f s", name, cfg, r, seconds)
-    return {key: total / repeats for key, total in elapsed.items()}
+            rounds.append(time.perf_counter() - start)
+            logger.info("%s cfg=%g round %d: %.3f s", name, cfg, r, rounds[-1])
+    average = statistics.median if stat == "median" else statistics.mean
+    return {key: average(rounds) for key, rounds in elapsed.items()}
 
 
 async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max_seqs: int, modes) -> dict:
@@ -143,7 +147,7 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
         runs |= {f"{m}_thin": functools.partial(runs[m], thin=True) for m in ("concurrent", "batched")}
         modes = [name for m in modes for name in (m, f"{m}_thin") if name in runs]
     try:
-        seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats)
+        seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats, args.stat)
         logger.info("requests per transformer batch: %s", (await engine.request_batch_sizes())[-8:])
         return seconds
     finally:
@@ -176,7 +180,7 @@ async def time_stock_engine(args, model_path: Path, pipeline: str | None) -> dic
             pass
 
     try:
-        return await time_rounds({"stock": one_request}, args.cfg, args.repeats)
+        return await time_rounds({"stock": one_request}, args.cfg, args.repeats, args.stat)
     finally:
         engine.shutdown()
 
@@ -211,7 +215,7 @@ def time_diffusers(args, model_path: Path) -> dict:
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats))
+    return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats, args.stat))
 
 
 def transformer_tflop_per_image(args, model_path: Path) -> float:
@@ -261,6 +265,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="denoising steps (default 8 on CPU, 50 full size)")
     parser.add_argument("--size", type=int, help="image side (default 64 on CPU, 512 full size)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stat", choices=("mean", "median"), default="mean", help="seconds per round over repeats")
     parser.add_argument("--requests", type=int, default=1, help="batched: concurrent generate_batched(N) calls")
     parser.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
     parser.add_argument("--window-range", type=int, nargs=2, metavar=("R0", "R1"), help="sde_window_range")
@@ -339,6 +344,7 @@ def main(argv=None) -> dict:
         "n": args.n,
         "requests": args.requests,
         "steps": args.steps,
+        "stat": args.stat,
         "size": args.size,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "transformer_tflop_per_image_step": round(tflop, 3),
