@@ -12,6 +12,11 @@ Modes (all the same prompt, size and steps; ``--cfg`` lists the true-CFG scales 
 * ``stock``: vLLM-Omni's own Qwen-Image pipeline, one request with ``num_outputs_per_prompt=N``;
 * ``diffusers``: diffusers' ``QwenImagePipeline`` at batch N.
 
+``--thin RATIO`` (with ``--window-range R0 R1``, R1 < steps) adds ``concurrent_thin`` / ``batched_thin`` rows on
+the same engine: the same requests with the ODE after the window range thinned (``ode_solver=dpmsolver++``,
+``ode_post_window_ratio=RATIO``; docs/rollout.md); their ``model_calls`` per image are fewer, the recorded
+windows are the same.
+
 Each (mode, cfg) is warmed up once, then timed over ``--repeats`` rounds; modes sharing an engine
 alternate round by round. Every row also reports the fraction of the FLOP limit: the measured
 bf16/fp32 matmul ceiling divided by the transformer FLOPs per image (``FlopCounterMode`` on a
@@ -19,6 +24,7 @@ meta-device copy, × steps, × 2 with CFG). The last stdout line is one JSON obj
 
     python benchmarks/rollout_throughput.py                      # CPU, tiny random model, fp32
     python benchmarks/rollout_throughput.py --device cuda --full-size --n 16 --steps 50 --cfg 1 4
+    python benchmarks/rollout_throughput.py --modes batched --steps 10 --window-range 0 5 --thin 0.7 --cfg 1
 
 ``--full-size``: the real Qwen-Image transformer and VAE with random bf16 weights filled on the GPU
 (no weight file, see ``random_weights.py``), the tiny model's text encoder.
@@ -28,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -47,8 +55,8 @@ MODES = ("concurrent", "batched", "serial", "stock", "diffusers")
 HERE = Path(__file__).resolve().parent
 
 
-def sampling(args, cfg: float, seed: int) -> dict:
-    return {
+def sampling(args, cfg: float, seed: int, thin: bool = False) -> dict:
+    params = {
         "height": args.size,
         "width": args.size,
         "num_inference_steps": args.steps,
@@ -57,6 +65,20 @@ def sampling(args, cfg: float, seed: int) -> dict:
         "sde_window_size": 2,
         "seed": seed,
     }
+    if args.window_range:
+        params["sde_window_range"] = list(args.window_range)
+    if thin:
+        params |= {"ode_solver": "dpmsolver++", "ode_post_window_ratio": args.thin}
+    return params
+
+
+def model_calls(args, mode: str) -> int:
+    """Transformer calls per image (without CFG's second pass): a ``*_thin`` mode's thinned schedule, else steps."""
+    if not mode.endswith("_thin"):
+        return args.steps
+    from verl_omni.pipelines.schedulers.mix_ode import flash_model_calls
+
+    return flash_model_calls(args.steps, args.window_range[1], args.thin)
 
 
 def engine_kwargs(args) -> dict:
@@ -64,21 +86,24 @@ def engine_kwargs(args) -> dict:
     return {"enforce_eager": not args.compile} if args.device == "cuda" else {}
 
 
-async def time_rounds(modes: dict, cfgs: list[float], repeats: int) -> dict[tuple[str, float], float]:
-    """Warm every (mode, cfg) once, then alternate them round by round; seconds per round, averaged."""
+async def time_rounds(
+    modes: dict, cfgs: list[float], repeats: int, stat: str = "mean"
+) -> dict[tuple[str, float], float]:
+    """Warm every (mode, cfg) once, then alternate them round by round; seconds per round, averaged (``stat``
+    ``"median"``: the median round, which a machine shared with other jobs disturbs less than the mean)."""
     for name, run in modes.items():
         for cfg in cfgs:
             await run(cfg, 0)
             logger.info("warmed %s cfg=%g", name, cfg)
-    elapsed = {(name, cfg): 0.0 for name in modes for cfg in cfgs}
+    elapsed = {(name, cfg): [] for name in modes for cfg in cfgs}
     for r in range(1, repeats + 1):
-        for (name, cfg), _ in elapsed.items():
+        for (name, cfg), rounds in elapsed.items():
             start = time.perf_counter()
             await modes[name](cfg, r)
-            seconds = time.perf_counter() - start
-            elapsed[(name, cfg)] += seconds
-            logger.info("%s cfg=%g round %d: %.3f s", name, cfg, r, seconds)
-    return {key: total / repeats for key, total in elapsed.items()}
+            rounds.append(time.perf_counter() - start)
+            logger.info("%s cfg=%g round %d: %.3f s", name, cfg, r, rounds[-1])
+    average = statistics.median if stat == "median" else statistics.mean
+    return {key: average(rounds) for key, rounds in elapsed.items()}
 
 
 async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max_seqs: int, modes) -> dict:
@@ -100,23 +125,29 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
     def negative(cfg):
         return neg if cfg > 1 else None
 
-    async def singles(cfg, r):
+    async def singles(cfg, r, thin=False):
         calls = [
-            engine.engine_call(ids, sampling(args, cfg, 1000 * r + i), f"s{cfg}-{r}-{i}", 1, negative(cfg))
+            engine.engine_call(ids, sampling(args, cfg, 1000 * r + i, thin), f"s{cfg}-{r}-{i}-{thin}", 1, negative(cfg))
             for i in range(args.n)
         ]
         await asyncio.gather(*calls)
 
-    async def batched(cfg, r):
+    async def batched(cfg, r, thin=False):
         calls = [
-            engine.engine_call(ids, sampling(args, cfg, 1000 * r + 100 * k), f"b{cfg}-{r}-{k}", args.n, negative(cfg))
+            engine.engine_call(
+                ids, sampling(args, cfg, 1000 * r + 100 * k, thin), f"b{cfg}-{r}-{k}-{thin}", args.n, negative(cfg)
+            )
             for k in range(args.requests)
         ]
         await asyncio.gather(*calls)
 
     runs = {"concurrent": singles, "serial": singles, "batched": batched}
+    if args.thin:
+        # the same seeds with the thinned ODE, alternating with the plain rounds on this engine
+        runs |= {f"{m}_thin": functools.partial(runs[m], thin=True) for m in ("concurrent", "batched")}
+        modes = [name for m in modes for name in (m, f"{m}_thin") if name in runs]
     try:
-        seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats)
+        seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats, args.stat)
         logger.info("requests per transformer batch: %s", (await engine.request_batch_sizes())[-8:])
         return seconds
     finally:
@@ -149,7 +180,7 @@ async def time_stock_engine(args, model_path: Path, pipeline: str | None) -> dic
             pass
 
     try:
-        return await time_rounds({"stock": one_request}, args.cfg, args.repeats)
+        return await time_rounds({"stock": one_request}, args.cfg, args.repeats, args.stat)
     finally:
         engine.shutdown()
 
@@ -184,7 +215,7 @@ def time_diffusers(args, model_path: Path) -> dict:
         if args.device == "cuda":
             torch.cuda.synchronize()
 
-    return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats))
+    return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats, args.stat))
 
 
 def transformer_tflop_per_image(args, model_path: Path) -> float:
@@ -234,8 +265,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="denoising steps (default 8 on CPU, 50 full size)")
     parser.add_argument("--size", type=int, help="image side (default 64 on CPU, 512 full size)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--stat", choices=("mean", "median"), default="mean", help="seconds per round over repeats")
     parser.add_argument("--requests", type=int, default=1, help="batched: concurrent generate_batched(N) calls")
     parser.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
+    parser.add_argument("--window-range", type=int, nargs=2, metavar=("R0", "R1"), help="sde_window_range")
+    parser.add_argument(
+        "--thin",
+        type=float,
+        help="also time the ODE after R1 thinned to this ode_post_window_ratio with dpmsolver++ (needs --window-range)",
+    )
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
     if args.full_size and args.device != "cuda":
@@ -247,6 +285,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--requests must be in [1, --n={args.n}] (the engine batches at most N requests)")
     if args.requests > 1 and set(args.modes) != {"batched"}:
         parser.error("--requests applies to the batched mode only: pass --modes batched")
+    if args.thin is not None:
+        from verl_omni.pipelines.sampling import SamplingSpec
+
+        if not args.window_range:
+            parser.error("--thin needs --window-range R0 R1 (the ODE is thinned after R1)")
+        try:
+            values = sampling(args, 1.0, 0, thin=True)
+            SamplingSpec(**{k: v for k, v in values.items() if k != "seed"})
+        except ValueError as error:
+            parser.error(f"--thin {args.thin} --window-range {args.window_range}: {error}")
     return args
 
 
@@ -279,8 +327,10 @@ def main(argv=None) -> dict:
     rows = []
     for (mode, cfg), secs in seconds.items():
         img_s = args.n * args.requests / secs
-        limit = ceiling / (tflop * args.steps * (2 if cfg > 1 else 1))
-        rows.append({"mode": mode, "cfg": cfg, "img_s": round(img_s, 4), "fraction_of_limit": round(img_s / limit, 4)})
+        calls = model_calls(args, mode)
+        limit = ceiling / (tflop * calls * (2 if cfg > 1 else 1))
+        row = {"mode": mode, "cfg": cfg, "img_s": round(img_s, 4), "fraction_of_limit": round(img_s / limit, 4)}
+        rows.append(row | {"model_calls": calls})
         logger.info(
             "%-10s cfg=%g: %.4g img/s (%.1f%% of the %.3g img/s FLOP limit)",
             mode,
@@ -294,6 +344,7 @@ def main(argv=None) -> dict:
         "n": args.n,
         "requests": args.requests,
         "steps": args.steps,
+        "stat": args.stat,
         "size": args.size,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "transformer_tflop_per_image_step": round(tflop, 3),

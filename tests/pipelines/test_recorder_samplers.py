@@ -1,5 +1,5 @@
 """The recorder with DanceGRPO's and MixGRPO's sampling: shared initial noise, the progressive window, the Flash
-ODE after it, and the replay of what it recorded (the trainer's log-prob equals the rollout's)."""
+ODE after it (and after the window range's end with random windows), and the replay of what it recorded (the trainer's log-prob equals the rollout's)."""
 
 import pytest
 import torch
@@ -129,6 +129,38 @@ def test_a_loop_over_the_unthinned_timesteps_is_stopped_with_the_reason():
             latents = recorder.step(velocity(latents), latents)
 
 
+R1 = 5  # the window range's end: random windows of 2 start in [0, 3], so steps 5..7 are after every window
+
+
+def thinned_random_request(ratio: float, solver: str = "dpmsolver++", r1: int = R1) -> RolloutRequest:
+    values = {"sde_window_size": 2, "sde_window_range": (0, r1), "ode_solver": solver, "ode_post_window_ratio": ratio}
+    return RolloutRequest.build([1], None, spec([3, 4, 7], **values))
+
+
+@pytest.mark.parametrize("solver", ["euler", "dpmsolver++"])
+def test_random_windows_thin_only_the_steps_after_the_window_range_and_record_the_same_windows(solver):
+    thinned, plain = thinned_random_request(0.5, solver), thinned_random_request(1.0, "euler")
+    assert sorted(set(thinned.window_starts)) == [2, 3]  # the samples' windows end at different steps
+    taken_thin, taken_plain = [], []
+    final_thin, rec_thin = denoise([thinned], taken_thin)
+    final_plain, rec_plain = denoise([plain], taken_plain)
+    kept = list(range(R1)) + post_window_indices(STEPS, R1, 0.5)
+    assert len(taken_thin) == len(kept) - 1 == 6 and len(taken_plain) == STEPS
+    assert rec_thin.loop_timesteps.tolist() == scheduler().timesteps[kept[:-1]].tolist()
+    # every step a window may cover is the unthinned run's, bit for bit; so is everything recorded
+    for k in range(R1):
+        assert torch.equal(taken_thin[k][1], taken_plain[k][1]), k
+    recorded = rec_thin.split()[0]
+    for key, value in rec_plain.split()[0].items():
+        assert torch.equal(recorded[key], value), key
+    assert not torch.equal(final_thin, final_plain)  # the image comes from the cheaper ODE
+
+
+def test_random_windows_of_other_window_ranges_cannot_share_a_thinned_batch():
+    with pytest.raises(ValueError, match=r"needs one window end for the whole batch, got \[4, 5\]"):
+        denoise([thinned_random_request(0.5), thinned_random_request(0.5, r1=4)])
+
+
 def test_steps_outside_the_window_of_a_dance_rollout_are_the_exact_euler_step():
     request = RolloutRequest.build([1], None, spec([3, 9], sde_type="dance", sde_window_size=3))
     taken = []
@@ -154,8 +186,9 @@ class _StandInAdapter:
         {"sde_type": "dance", "sde_window_size": STEPS, "noise_level": 0.3, "initial_noise_seeds": [8, 8]},
         {"sde_type": "sde", "sde_window_schedule": "progressive", "global_step": 4, "ode_solver": "dpmsolver++"},
         {"sde_type": "dance", "sde_window_schedule": "progressive", "global_step": 9, "ode_post_window_ratio": 0.4},
+        {"sde_window_range": (0, R1), "ode_solver": "dpmsolver++", "ode_post_window_ratio": 0.5},
     ],
-    ids=["dance_all_steps", "mix_grpo_flash", "dance_window_thinned"],
+    ids=["dance_all_steps", "mix_grpo_flash", "dance_window_thinned", "random_windows_thinned_after_r1"],
 )
 def test_the_replay_of_every_recorded_step_gives_the_rollouts_log_prob(values):
     request = RolloutRequest.build([1], None, spec([8, 9], **values))

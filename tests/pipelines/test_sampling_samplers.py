@@ -28,10 +28,21 @@ def test_bad_sampler_settings_are_refused_by_the_spec_under_the_configs_full_key
     assert str(config_error.value) == f"actor_rollout_ref.rollout.{spec_error.value}"
 
 
-def test_flash_needs_the_progressive_window_and_says_so():
-    with pytest.raises(ValueError, match=r"allowed: sde_window_schedule='progressive'"):
+def test_a_changed_post_window_ode_with_random_windows_needs_steps_after_the_window_range_and_says_so():
+    with pytest.raises(ValueError, match=r"r1=10 = num_inference_steps leaves no step after it; allowed: sde_window_"):
         SamplingSpec(ode_solver="dpmsolver++")
+    with pytest.raises(ValueError, match=r"^ode_solver='euler', ode_post_window_ratio=0.6: .* r1=6"):
+        SamplingSpec(num_inference_steps=6, sde_window_range=(0, 6), ode_post_window_ratio=0.6)
     assert SamplingSpec(ode_solver="dpmsolver++", sde_window_schedule="progressive").changes_post_window_ode
+    thinned = SamplingSpec(sde_window_range=(0, 5), ode_solver="dpmsolver++", ode_post_window_ratio=0.7)
+    assert thinned.changes_post_window_ode
+
+
+def test_the_post_window_ode_starts_after_the_shared_window_or_after_the_window_range():
+    random = SamplingSpec(sde_window_range=(1, 6), ode_post_window_ratio=0.5)
+    assert [random.post_window_start(start) for start in (1, 4)] == [6, 6]  # whatever the seed placed
+    progressive = SamplingSpec(sde_window_range=(1, 6), sde_window_schedule="progressive")
+    assert [progressive.post_window_start(start) for start in (1, 4)] == [3, 6]
 
 
 def test_initial_noise_seeds_are_one_per_sample():

@@ -19,8 +19,10 @@ A pipeline that writes its own loop uses it in four calls::
     trajectories = recorder.split()                           # one dict per request, on the host
 
 ``recorder.loop_timesteps`` is ``timesteps`` itself unless the spec thins the ODE after the window
-(MixGRPO-Flash, ``SamplingSpec.changes_post_window_ode``): then it is the compressed schedule, and a
-pipeline that loops over its own timesteps instead is stopped at the first step past it. With
+(``SamplingSpec.changes_post_window_ode``: MixGRPO-Flash after its shared window, or, with random windows,
+after the window range's end r1, ``SamplingSpec.post_window_start``): then it is the compressed schedule,
+and a pipeline that loops over its own timesteps instead is stopped at the first step past it. The steps
+before that point are the unthinned run's, so the recorded windows and log-probs do not change. With
 ``initial_noise_seeds`` (DanceGRPO's shared initial noise) ``recorder.generators`` seed the initial
 noise only; the SDE noise comes from generators seeded with the samples' own seeds.
 
@@ -177,13 +179,13 @@ class RolloutRecorder:
         self.step_index = 0
 
     def _post_window_start(self, steps: int) -> int:
-        """The first step the spec's post-window ODE (MixGRPO-Flash) takes: the shared end of every stochastic
-        sample's window; ``steps`` (none) when the spec keeps the Euler ODE or nothing is stochastic."""
+        """The first step the spec's changed post-window ODE (MixGRPO-Flash, or thinning after the window range)
+        takes: the end of every stochastic request's windows (``SamplingSpec.post_window_start``: the shared
+        window's end, or r1 with random windows), which must be one for the batch; ``steps`` (none) when the
+        spec keeps the Euler ODE or nothing is stochastic."""
         if not self.spec.changes_post_window_ode:
             return steps
-        ends = {
-            start + size for start, size, level in zip(self._starts, self._sizes, self._levels, strict=True) if level
-        }
+        ends = {r.spec.post_window_start(r.window_starts[0]) for r in self.requests if r.noise_level > 0}
         if not ends:
             return steps
         if len(ends) > 1:

@@ -89,6 +89,10 @@ class SamplingSpec:
         ode_solver_order (int): order of ``"dpmsolver++"``, 1 or 2. Default 2.
         ode_post_window_ratio (float): share of the steps after the window that the ODE takes (MixGRPO-Flash's
             compression, ``mix_ode.post_window_indices``); 1 keeps every step. Default 1.0.
+            "After the window" (for both ODE keys) means after the last step any sample's window may cover, so the
+            thinned schedule is one for the whole transformer batch: the shared window's end (``"progressive"``),
+            or r1, the end of ``sde_window_range`` (``"random"``: every window ends by r1 whatever its seed, so
+            r1 must be < T). No step a window may cover changes: the recorded steps and log-probs stay exact.
         seeds (tuple[int, ...]): one seed per sample of a request (empty in the config and the replay).
         initial_noise_seeds (tuple[int, ...]): per sample, the seed of its initial noise; empty: its own seed.
         global_step (int): the trainer step a request samples for (the progressive window); 0 in the config.
@@ -186,11 +190,14 @@ class SamplingSpec:
             raise ValueError(f"ode_solver_order must be one of {ODE_SOLVER_ORDERS}, got {self.ode_solver_order!r}")
         if not 0 < self.ode_post_window_ratio <= 1:
             raise ValueError(f"ode_post_window_ratio must be in (0, 1], got {self.ode_post_window_ratio}")
-        if self.changes_post_window_ode and self.sde_window_schedule != "progressive":
+        r1 = self.window_range[1]
+        if self.changes_post_window_ode and self.sde_window_schedule == "random" and r1 == self.num_inference_steps:
             raise ValueError(
-                f"ode_solver={self.ode_solver!r}, ode_post_window_ratio={self.ode_post_window_ratio}: the ODE after the "
-                "window changes the steps every sample of a transformer batch takes, so every sample needs the same "
-                "window; allowed: sde_window_schedule='progressive' (or ode_solver='euler' with ratio 1.0)"
+                f"ode_solver={self.ode_solver!r}, ode_post_window_ratio={self.ode_post_window_ratio}: with "
+                "sde_window_schedule='random' the ODE is changed only after sde_window_range's end r1 (every "
+                f"sample's window ends by then, whatever its seed), and r1={r1} = num_inference_steps leaves no step "
+                "after it; allowed: sde_window_range=[r0, r1] with r1 < num_inference_steps (e.g. [0, 5] of 10 steps), "
+                "sde_window_schedule='progressive', or ode_solver='euler' with ode_post_window_ratio=1.0"
             )
 
     # ---- derived ---------------------------------------------------------------------------------
@@ -204,6 +211,14 @@ class SamplingSpec:
     def changes_post_window_ode(self) -> bool:
         """Whether the steps after the window differ from the plain Euler ODE on the full schedule (Flash)."""
         return self.ode_solver != "euler" or self.ode_post_window_ratio < 1.0
+
+    def post_window_start(self, window_start: int) -> int:
+        """The first step no sample's window can cover, whatever its seed (where :attr:`changes_post_window_ode`
+        takes over): the end of the window starting at ``window_start`` when every sample shares it
+        (``"progressive"``), else r1, the end of ``sde_window_range`` (a random window ends by r1 at the latest)."""
+        if self.sde_window_schedule == "progressive":
+            return window_start + self.sde_window_size
+        return self.window_range[1]
 
     @property
     def window_range(self) -> tuple[int, int]:

@@ -70,7 +70,11 @@ class DiffusionRolloutConfig(RolloutConfig):
         sde_window_shift_every (int): progressive window: training steps between two shifts. Default 25.
         ode_solver (str): the ODE after the window: ``"euler"`` or ``"dpmsolver++"`` (MixGRPO-Flash). Default ``"euler"``.
         ode_solver_order (int): order of ``"dpmsolver++"`` (1 or 2). Default 2.
-        ode_post_window_ratio (float): share of the steps after the window the ODE takes, in (0, 1]. Default 1.0.
+        ode_post_window_ratio (float): share of the steps after the window the ODE takes, in (0, 1]. "After the
+            window" is after the shared window (``"progressive"``) or after r1 of ``sde_window_range``
+            (``"random"``, which then needs r1 < T): steps no window can cover, so below 1 saves model calls
+            and leaves the recorded steps exact (``SamplingSpec``; docs/rollout.md). Default 1.0 (off: its
+            reward effect is not shown neutral yet).
         model_kwargs (dict): model-specific sampling settings, sent with every request and replayed by the
             actor (``SamplingSpec.model_kwargs``); the keys the model adapter's ``sampling_keys`` names (BAGEL:
             ``timestep_shift``, ``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``).

@@ -160,6 +160,23 @@ def test_actor_replay_reproduces_the_rollouts_log_probs(model_name, adapter, tin
     assert diff <= 1e-5
 
 
+def test_random_windows_thin_the_ode_after_the_window_range_and_record_the_unthinned_windows(
+    loop, model_engine, model_name, prompt_ids
+):
+    """The model's denoising loop follows ``recorder.loop_timesteps``: with random windows of 2 in [0, 2) of 6
+    steps, steps 2..5 run as one DPM-Solver++ step (three model calls fewer), and the recorded window is the
+    unthinned rollout's, bit for bit; the output differs. (6 steps, not 4: Z-Image's last step is σ 0 → 0, so
+    at 4 steps the thinned and the plain ODE both end at step 2's data prediction.)"""
+    values = {"num_inference_steps": 6, "sde_window_range": [0, WINDOW]}
+    thin = {"ode_solver": "dpmsolver++", "ode_post_window_ratio": 0.5}
+    (thinned,) = generate(loop, model_engine, model_name, prompt_ids, request_id="thin", **values, **thin)
+    (plain,) = generate(loop, model_engine, model_name, prompt_ids, request_id="unthinned", **values)
+    assert torch.equal(thinned.rollout_log_probs, plain.rollout_log_probs)
+    for key in ("all_latents", "all_timesteps", "window_start"):
+        assert torch.equal(torch.as_tensor(thinned.extra_fields[key]), torch.as_tensor(plain.extra_fields[key])), key
+    assert not torch.equal(thinned.diffusion_output, plain.diffusion_output)
+
+
 # rollout layers a LoRA on the adapter's default targets binds in the tiny model: q/k/v land on the fused
 # to_qkv (and the context stream's on add_kv_proj); SD3.5 block 0 also has attn2, its last block no to_add_out
 # Wan2.2: per block, the self-attention's fused to_qkv and to_out, the cross-attention's to_q, to_k, to_v, to_out

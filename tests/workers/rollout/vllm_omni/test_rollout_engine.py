@@ -200,6 +200,22 @@ def test_dance_grpo_and_mix_grpo_flash_samplers_on_the_engine(loop, engine, prom
     assert dance_diff <= 1e-5 and flash_diff <= 1e-5
 
 
+def test_random_windows_thin_the_ode_after_the_window_range_and_record_the_unthinned_windows(loop, engine, prompts):
+    """6 steps, random windows of 2 in [0, 3): steps 3..5 run as one DPM-Solver++ step; every sample's window (at
+    a seeded, per-sample step) and its log-probs are the unthinned rollout's, bit for bit; the image differs."""
+    values = {"num_inference_steps": 6, "sde_window_range": [0, 3], "seeds": [7, 8, 9]}
+    thinned = generate(
+        loop, engine, prompts, n=3, request_id="thin", **values, ode_solver="dpmsolver++", ode_post_window_ratio=0.5
+    )
+    plain = generate(loop, engine, prompts, n=3, request_id="unthinned", **values)
+    assert len({p.extra_fields["window_start"] for p in plain}) > 1
+    for t, p in zip(thinned, plain, strict=True):
+        assert torch.equal(t.rollout_log_probs, p.rollout_log_probs)
+        for key in ("all_latents", "all_timesteps", "window_start"):
+            assert torch.equal(torch.as_tensor(t.extra_fields[key]), torch.as_tensor(p.extra_fields[key])), key
+        assert not torch.equal(t.diffusion_output, p.diffusion_output)
+
+
 def _attention_lora(scale: float, num_layers: int = 2, inner_dim: int = 64, rank: int = 4):
     """A PEFT-named LoRA on the image-stream q/k/v projections (fused into to_qkv by vLLM-Omni)."""
     gen = torch.Generator().manual_seed(0)
