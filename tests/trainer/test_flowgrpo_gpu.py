@@ -56,6 +56,43 @@ def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated)
     assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained LoRA reached the rollout"
 
 
+@pytest.fixture(scope="module")
+def colocated_full(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
+    """Full fine-tuning colocated: the transformer goes to the rollout in buckets by CUDA IPC (``device_share``)."""
+    out = tmp_path_factory.mktemp("gpu_full") / "run"
+    proc = run_entry_point(
+        out,
+        tiny_qwen_image_bf16_path,
+        prompt_files,
+        *ONE_GPU,
+        "trainer.colocate_rollout=true",
+        "actor_rollout_ref.rollout.free_cache_engine=true",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.model.lora.rank=0",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return out, read_metrics(out)
+
+
+def test_colocated_full_fine_tuning_syncs_every_bucket_by_cuda_ipc(colocated_full):
+    _, records = colocated_full
+    metrics = by_step(records)
+    assert sorted(metrics) == [0, 1, 2]
+    diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
+    sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
+    print(
+        f"full fine-tuning, actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}"
+    )
+    # step 2 samples with the synced transformer: had a bucket been lost or stale, the replay would disagree
+    assert diffs[1] <= 10 * max(diffs[0], 1e-3)
+    assert sync["sync/full_weight_buckets"] > 1 and sync["sync/full_weight_params_written_min"] > 0
+    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained transformer reached the rollout"
+
+
 def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_image_bf16_path, prompt_files, tmp_path):
     """One GPU cannot hold a standalone replica's GPU bundle and the actor's: a clear error, not a wait."""
     train, val = prompt_files
