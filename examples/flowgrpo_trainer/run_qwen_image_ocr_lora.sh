@@ -11,12 +11,14 @@
 # 128 GB host ran out, docs/perf/gpu.md "On one 80 GB H100");
 # more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
 # LoRA fp32; its transformer blocks are compiled (model.compile_transformer_blocks) and its forward-only
-# phases run 16 samples per forward: one steady step on an H200 took 212 s (0.60 img/GPU/s, against 258 s
-# without the two, docs/perf/gpu.md). Extra arguments are Hydra overrides. See docs/trainer.md.
+# phases run 16 samples per forward; colocated on CUDA the LoRA reaches the rollout by CUDA IPC: one steady
+# step on an H200 took 202 s (0.63 img/GPU/s; 212 s with the LoRA through the host, 258 s without the two
+# settings, docs/perf/gpu.md). Extra arguments are Hydra overrides. See docs/trainer.md.
 #
 # Not on here (off by default until its reward effect is shown neutral, docs/rollout.md "Thinning the
 # ODE after the window range"): steps 5..9, after every sample's window, as 3 DPM-Solver++ steps
-# (8 of 10 transformer calls per image; the window steps and their log-probs unchanged); to turn it on:
+# (8 of 10 transformer calls per image, the rollout 1.24x faster at full size on an H200; the window steps
+# and their log-probs unchanged); to turn it on:
 #   bash examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh actor_rollout_ref.rollout.ode_solver=dpmsolver++ \
 #       actor_rollout_ref.rollout.ode_post_window_ratio=0.7
 set -euo pipefail
