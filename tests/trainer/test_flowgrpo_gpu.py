@@ -21,27 +21,31 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
 ONE_GPU = ("trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.n_gpus_per_node=1")
 
 
+# colocated on the one GPU, the rollout asleep during the actor phases, 2 steps, validation at 0 and 2
+COLOCATED = (
+    *ONE_GPU,
+    "trainer.colocate_rollout=true",
+    "actor_rollout_ref.rollout.free_cache_engine=true",
+    "actor_rollout_ref.rollout.dtype=bfloat16",
+    "trainer.total_training_steps=2",
+    "trainer.test_freq=2",
+)
+
+
+def _colocated_run(out, tiny_path, prompt_files, *extra) -> list[dict]:
+    """One colocated run of the entry point; its own Ray (the trainer starts it), not the session's CPU cluster:
+    one node that owns the one GPU. Returns the metrics records."""
+    start = time.perf_counter()
+    proc = run_entry_point(out, tiny_path, prompt_files, *COLOCATED, *extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    print(f"colocated on one GPU, 2 steps {extra}: {time.perf_counter() - start:.0f} s")
+    return read_metrics(out)
+
+
 @pytest.fixture(scope="module")
 def colocated(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu") / "run"
-    # its own Ray (the trainer starts it), not the session's CPU cluster: one node that owns the one GPU
-    start = time.perf_counter()
-    proc = run_entry_point(
-        out,
-        tiny_qwen_image_bf16_path,
-        prompt_files,
-        *ONE_GPU,
-        "trainer.colocate_rollout=true",
-        "actor_rollout_ref.rollout.free_cache_engine=true",
-        "actor_rollout_ref.rollout.dtype=bfloat16",
-        "trainer.total_training_steps=2",
-        "trainer.test_freq=2",
-    )
-    wall = time.perf_counter() - start
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    records = read_metrics(out)
-    print(f"colocated on one GPU, 2 steps: {wall:.0f} s")
-    return out, records
+    return out, _colocated_run(out, tiny_qwen_image_bf16_path, prompt_files)
 
 
 def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated):
@@ -60,22 +64,14 @@ def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated)
 def colocated_full(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
     """Full fine-tuning colocated: the transformer goes to the rollout in buckets by CUDA IPC (``device_share``)."""
     out = tmp_path_factory.mktemp("gpu_full") / "run"
-    proc = run_entry_point(
+    return out, _colocated_run(
         out,
         tiny_qwen_image_bf16_path,
         prompt_files,
-        *ONE_GPU,
-        "trainer.colocate_rollout=true",
-        "actor_rollout_ref.rollout.free_cache_engine=true",
-        "actor_rollout_ref.rollout.dtype=bfloat16",
         "actor_rollout_ref.model.lora.rank=0",
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
-        "trainer.total_training_steps=2",
-        "trainer.test_freq=2",
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return out, read_metrics(out)
 
 
 def test_colocated_full_fine_tuning_syncs_every_bucket_by_cuda_ipc(colocated_full):
