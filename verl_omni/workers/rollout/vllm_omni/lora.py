@@ -49,6 +49,10 @@ class TensorLoRARequest(LoRARequest):
     peft_config: dict | None = None
     lora_tensors: dict | None = None
 
+    def without_tensors(self) -> LoRARequest:
+        """The light request that per-generation sampling params carry once the adapter is loaded."""
+        return LoRARequest(lora_name=self.lora_name, lora_int_id=self.lora_int_id, lora_path=self.lora_path)
+
 
 class TensorLoRAManager(DiffusionLoRAManager):
     """vLLM-Omni's diffusion LoRA manager that also accepts :class:`TensorLoRARequest`."""
