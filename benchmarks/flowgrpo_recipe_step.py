@@ -13,6 +13,10 @@ not what is timed). FLOPs do not depend on the weights.
 
     python3 benchmarks/flowgrpo_recipe_step.py --model /tmp/qwen_image_random --write-model \
         --prompts 8 --steps 2 --out /tmp/recipe
+
+``--recipe sd3`` runs ``run_sd3_ocr_lora.sh`` instead (the Flow-GRPO paper's SD3.5 recipe) on SD3.5 Medium's
+full-size transformer (2.5 B, random weights) with the authors' one-GPU batch (8 images per prompt, mini-batch
+32); add ``actor_rollout_ref.model.lora.rank=0`` for its full fine-tuning step.
 """
 
 from __future__ import annotations
@@ -23,25 +27,50 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh"
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "sync", "step")
 
 
-def write_random_checkpoint(out: Path) -> None:
+@dataclass(frozen=True)
+class Recipe:
+    """A launcher and what its one-GPU step needs: samples per prompt, the overrides that make it fit one GPU."""
+
+    launcher: str
+    samples_per_prompt: int
+    one_gpu_overrides: tuple[str, ...] = ()
+
+
+RECIPES = {
+    "qwen_image": Recipe("examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh", 16),
+    # the authors' one-GPU variant the launcher's comment names (8 prompts x 8 images, mini-batch 32)
+    "sd3": Recipe(
+        "examples/flowgrpo_trainer/run_sd3_ocr_lora.sh",
+        8,
+        ("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32"),
+    ),
+}
+
+
+def write_random_checkpoint(out: Path, recipe: str) -> None:
     """The full-size transformer with random bf16 weights saved as safetensors, beside the rest."""
-    from diffusers import QwenImageTransformer2DModel
-    from random_weights import fill_random_, write_full_size_model_dir
+    from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel
+    from random_weights import fill_random_, write_full_size_model_dir, write_full_size_sd3_dir
 
     start = time.perf_counter()
-    write_full_size_model_dir(out)
-    config = QwenImageTransformer2DModel.load_config(out / "transformer")
+    if recipe == "sd3":
+        write_full_size_sd3_dir(out)
+        model_class = SD3Transformer2DModel
+    else:
+        write_full_size_model_dir(out)
+        model_class = QwenImageTransformer2DModel
+    config = model_class.load_config(out / "transformer")
     with torch.device("meta"):
-        transformer = QwenImageTransformer2DModel.from_config(config).to(torch.bfloat16)
+        transformer = model_class.from_config(config).to(torch.bfloat16)
     transformer = transformer.to_empty(device="cuda")
     fill_random_(transformer)
     transformer.to("cpu").save_pretrained(out / "transformer", max_shard_size="10GB")
@@ -52,9 +81,10 @@ def write_random_checkpoint(out: Path) -> None:
     print(f"[recipe] wrote {size:.1f} GB of random transformer weights to {out} in {time.perf_counter() - start:.0f} s")
 
 
-def run_steps(model: Path, data: Path, out: Path, prompts: int, steps: int, extra: list[str]) -> None:
+def run_steps(recipe: Recipe, model: Path, data: Path, out: Path, prompts: int, steps: int, extra: list[str]) -> None:
     """The launcher with the recipe unchanged except batch size, step count, reward and logging."""
     overrides = [
+        *recipe.one_gpu_overrides,
         f"data.train_batch_size={prompts}",
         f"trainer.total_training_steps={steps}",
         "'reward.diffusion.scorers=[{type: jpeg_compressibility}]'",
@@ -66,7 +96,7 @@ def run_steps(model: Path, data: Path, out: Path, prompts: int, steps: int, extr
         *extra,
     ]
     env = {**os.environ, "MODEL_PATH": str(model), "DATA_DIR": str(data), "OUT": str(out), "NGPUS": "1"}
-    command = f"bash {LAUNCHER} " + " ".join(overrides)
+    command = f"bash {REPO / recipe.launcher} " + " ".join(overrides)
     print(f"[recipe] {command}", flush=True)
     start = time.perf_counter()
     subprocess.run(command, shell=True, check=True, env=env, cwd=REPO)
@@ -92,6 +122,11 @@ def report(out: Path, images_per_step: int) -> list[dict]:
             "critic/score/mean",
             "rollout/engine_batches",
             "rollout/requests_per_engine_batch",
+            "perf/actor_max_memory_allocated_gb",
+            "perf/actor_max_memory_reserved_gb",
+            "sync/full_weight_megabytes",
+            "sync/full_weight_seconds",
+            "sync/wake_seconds",
         ):
             if key in data:
                 row[key] = data[key]
@@ -104,7 +139,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="checkpoint directory (written by --write-model)")
     p.add_argument("--write-model", action="store_true", help="write the random full-size checkpoint first")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per step (x16 samples each)")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default="qwen_image", help="which launcher and model")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (x the recipe's samples each)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", type=Path, default=Path("/tmp/flowgrpo_recipe"))
     p.add_argument("--json", type=Path, default=None, help="write the per-step rows here")
@@ -113,15 +149,16 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("the recipe step needs a CUDA GPU")
     sys.path.insert(0, str(Path(__file__).parent))
+    recipe = RECIPES[args.recipe]
     if args.write_model:
-        write_random_checkpoint(args.model)
+        write_random_checkpoint(args.model, args.recipe)
     from verl_omni.utils.dataset.t2i_prompts import ocr_rows, write_parquet
 
     data = args.out / "data"
     write_parquet(ocr_rows(max(args.prompts * args.steps, 16), "train", 0, 2), data / "train.parquet")
     write_parquet(ocr_rows(16, "val", 0, 2), data / "val.parquet")
-    run_steps(args.model, data, args.out / "run", args.prompts, args.steps, args.overrides)
-    rows = report(args.out / "run", args.prompts * 16)
+    run_steps(recipe, args.model, data, args.out / "run", args.prompts, args.steps, args.overrides)
+    rows = report(args.out / "run", args.prompts * recipe.samples_per_prompt)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

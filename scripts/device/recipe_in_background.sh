@@ -6,23 +6,35 @@
 # release, or the machine and the run are gone.
 #   START=1 WAIT=500 bash scripts/device/recipe_in_background.sh [Hydra overrides]   # first call
 #   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
-# OUT (the device tool's folder) receives the log and, at the end, the per-step JSON.
+# RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe).
+# OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
+# used memory are sampled every 2 s while the run lives (all processes: the actor and the colocated rollout);
+# each call prints their peaks so far.
 set -uo pipefail
 log=/tmp/recipe.log
+memlog=/tmp/recipe_gpu_memory.csv
 if [ -n "${START:-}" ]; then
-  setsid nohup python3 benchmarks/flowgrpo_recipe_step.py --model /tmp/qr --write-model --prompts "${PROMPTS:-8}" \
-    --steps "${STEPS:-3}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
+  recipe=${RECIPE:-qwen_image}
+  setsid nohup python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" --write-model \
+    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
+  echo $! > /tmp/recipe.pid
+  rm -f "$memlog"
+  setsid nohup bash -c "while kill -0 $(cat /tmp/recipe.pid) 2> /dev/null; do
+    echo \$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits),\$(free -m | awk '/^Mem/ {print \$3}') >> $memlog
+    sleep 2; done" > /dev/null 2>&1 < /dev/null &
   sleep 5
 fi
 end=$((SECONDS + ${WAIT:-540}))
 while [ $SECONDS -lt $end ]; do
-  if grep -q "trainer process:" "$log" || ! pgrep -f flowgrpo_recipe_step > /dev/null; then break; fi
+  if grep -q "trainer process:" "$log" || ! kill -0 "$(cat /tmp/recipe.pid)" 2> /dev/null; then break; fi
   sleep 10
 done
 grep -E "^\[recipe\]|^step:[0-9]+ " "$log" | cut -c1-300 | tail -8
 grep -E "Traceback|OutOfMemory|recompile_limit|killed" "$log" | tail -5 | cut -c1-300
 free -g | head -2
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
+echo "peak so far: GPU memory used $(cut -d, -f1 "$memlog" 2> /dev/null | sort -n | tail -1) MiB, host memory used $(cut -d, -f2 "$memlog" 2> /dev/null | sort -n | tail -1) MiB"
+cp "$memlog" "${OUT:-/tmp}/" 2> /dev/null
 tail -c 15000000 "$log" > "${OUT:-/tmp}/recipe.log"
 cp /tmp/recipe.json "${OUT:-/tmp}/" 2> /dev/null && grep '^{' "$log" | tail -4
 exit 0

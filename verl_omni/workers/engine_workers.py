@@ -120,6 +120,10 @@ class DiffusionActorWorker(TrainingWorker):
         """One update with the algorithm's loss; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
         being reduced over ranks in the actor already)."""
         metrics = self.actor.update_policy(data.batch, _sampling_spec(data))
+        if get_device_name() == "cuda":
+            # this rank's peak since it started (the frozen base, the LoRA or full weights, optimizer, activations)
+            metrics["perf/actor_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["perf/actor_max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
         return DataProto(meta_info={"metrics": metrics})
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
