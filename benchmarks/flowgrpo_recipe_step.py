@@ -16,7 +16,7 @@ not what is timed). FLOPs do not depend on the weights.
 
 ``--recipe sd3`` runs ``run_sd3_ocr_lora.sh`` instead (the Flow-GRPO paper's SD3.5 recipe) on SD3.5 Medium's
 full-size transformer (2.5 B, random weights) with the authors' one-GPU batch (8 images per prompt, mini-batch
-32); add ``actor_rollout_ref.model.lora.rank=0`` for its full fine-tuning step.
+32, micro-batch 8); add ``actor_rollout_ref.model.lora.rank=0`` for its full fine-tuning step.
 """
 
 from __future__ import annotations
@@ -51,7 +51,12 @@ RECIPES = {
     "sd3": Recipe(
         "examples/flowgrpo_trainer/run_sd3_ocr_lora.sh",
         8,
-        ("actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=32"),
+        (
+            "actor_rollout_ref.rollout.n=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            # the launcher's micro-batch of 9 does not divide 32
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        ),
     ),
 }
 

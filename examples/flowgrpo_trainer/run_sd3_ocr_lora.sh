@@ -14,7 +14,9 @@
 #     (`train.ema = True`); their T5 reads 128 tokens (train_sd3.py `max_sequence_length=128`), the
 #     rollout 256 (vLLM-Omni's default).
 # The authors' 1-GPU variant (`general_ocr_sd3_1gpu`): 8 prompts x 8 images per step
-# (data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=32).
+# (data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=32
+# actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8: the 9 below does not divide 32). Full fine-tuning of it
+# (actor_rollout_ref.model.lora.rank=0) ran on one 80 GB H100 at 115 s per step (docs/perf/gpu.md).
 #
 # Needs: a diffusers SD3.5 directory (MODEL_PATH, e.g. stabilityai/stable-diffusion-3.5-medium), the
 # OCR prompt set (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an
