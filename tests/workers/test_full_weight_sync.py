@@ -6,6 +6,9 @@ pushed a LoRA into an engine, vLLM-Omni keeps those layers wrapped, and a full-w
 last test shows it). A full fine-tuning FSDP2 actor (``model.lora.rank=0``, KL reference on) on a one-rank gloo
 group, in this process. The buckets go the way the trainer sends them minus Ray (the actor builds each, the
 engine's workers check and load it); the trainer run over Ray is ``tests/trainer/test_flowgrpo_full_ft_e2e.py``.
+The collective transport of separate pools (``collective_share``) runs here over gloo: this process as actor rank
+0's end of the weight group, the engine's workers as the other members, every bucket broadcast (its 2-GPU NCCL run:
+``tests/workers/rollout/vllm_omni/test_collective_sync_gpu.py``).
 """
 
 import pytest
