@@ -41,6 +41,7 @@ from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_gr
 from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
+from verl_omni.workers.config.rollout import weight_transport_for
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
@@ -285,7 +286,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     def _sync_weights(self, metrics: dict) -> None:
         """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
         each replica binding them; with full fine-tuning the transformer in checksummed buckets. The transport is
-        the one :func:`~verl_omni.workers.rollout.weight_sync.transport_for` picks (``weight_sync``)."""
+        the one :attr:`weight_transport` names (``weight_sync``)."""
         from verl_omni.workers.rollout import weight_sync
 
         start = time.perf_counter()
@@ -294,17 +295,19 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         metrics["sync/wake_seconds"] = time.perf_counter() - start
         if self.configs.model.lora.rank == 0:
             metrics.update(self._push_full_weights())
-            return
-        self._connect_weight_group()
-        servers = self.llm_server_manager.server_handles
-        metrics.update(asyncio.run(weight_sync.push_lora(self.actor_rollout_wg, servers, self.weight_transport)))
+        else:
+            self._connect_weight_group()
+            servers = self.llm_server_manager.server_handles
+            metrics.update(asyncio.run(weight_sync.push_lora(self.actor_rollout_wg, servers, self.weight_transport)))
+        if self._weight_group_size:
+            # the collective transport's group: actor rank 0 and every rollout worker it broadcast to
+            metrics["sync/weight_group_members"] = float(self._weight_group_size)
 
     @property
     def weight_transport(self) -> str:
-        """``host``, ``ipc`` (colocated on CUDA) or ``collective`` (separate pools on CUDA): ``weight_sync``."""
-        from verl_omni.workers.rollout.weight_sync import transport_for
-
-        return transport_for(self.colocate, self.device)
+        """``host``, ``ipc`` or ``collective``: ``rollout.weight_transport``, ``auto`` resolved by placement
+        (``weight_transport_for``)."""
+        return weight_transport_for(self.configs.rollout.weight_transport, self.colocate, self.device)
 
     def _connect_weight_group(self) -> None:
         """The collective transport's process group, made at the first sync and kept for the run."""

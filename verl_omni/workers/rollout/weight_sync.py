@@ -10,7 +10,8 @@ Full fine-tuning: the transformer travels in size-bounded, checksummed buckets
 in flight (the next is gathered while the servers load one); each server checks and loads it in its workers,
 and closing the sync checks that no bucket was lost and every transformer parameter was written.
 
-Three transports carry the LoRA or a bucket, chosen in one place (:func:`transport_for`), under the same checks:
+Three transports carry the LoRA or a bucket, chosen in one place (``rollout.weight_transport``,
+:func:`~verl_omni.workers.config.rollout.weight_transport_for`), under the same checks:
 
 * ``host`` (CPU): rank 0's bucket goes from its Ray object store entry straight to every server (shared memory
   on a node; the trainer process holds only the reference);
@@ -34,20 +35,10 @@ from typing import Any
 import ray
 import torch
 
+from verl_omni.workers.config.rollout import COLLECTIVE, HOST, IPC
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
 
 logger = logging.getLogger(__name__)
-
-# the transports (module docstring)
-HOST, IPC, COLLECTIVE = "host", "ipc", "collective"
-
-
-def transport_for(colocated: bool, device: str) -> str:
-    """How the weights reach the rollout: by CUDA IPC colocated on CUDA, broadcast over NCCL to separate pools on
-    CUDA, through the host on the CPU (where a sync is a small part of a step)."""
-    if device != "cuda":
-        return HOST
-    return IPC if colocated else COLLECTIVE
 
 
 async def connect_weight_group(actor_wg: Any, servers: Sequence[Any]) -> int:
