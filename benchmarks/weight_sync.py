@@ -1,4 +1,4 @@
-"""Weight sync into one rollout replica: host tensors against CUDA IPC, side by side in one run.
+"""Weight sync into one rollout replica: host tensors against CUDA IPC or NCCL, side by side in one run.
 
 What the trainer's sync phase does after each update (``verl_omni.workers.rollout.weight_sync``), minus Ray's
 hops between the actor, the trainer and the server (the host path pays those on top, twice):
@@ -8,10 +8,14 @@ hops between the actor, the trainer and the server (the host path pays those on 
 * ``lora_ipc``: the LoRA packed on the GPU and opened by the worker through its CUDA IPC handle (``device_share``;
   colocated runs on CUDA now);
 * ``full_ipc``: the whole transformer in ``--bucket-mb`` buckets by CUDA IPC (full fine-tuning, colocated);
-* ``full_host``: the first ``--host-buckets`` buckets as host tensors (checksummed on the host, as separate pools
-  send them), reported per GB (the whole 40 GB would take minutes).
+* ``full_host``: the first ``--host-buckets`` buckets as host tensors (checksummed on the host, as CPU runs send
+  them), reported per GB (the whole 40 GB would take minutes);
+* ``full_nccl`` / ``lora_nccl``: the whole transformer in buckets, or the LoRA, broadcast over NCCL from this process
+  on GPU 0 to the engine on GPU 1 (separate pools, ``collective_share``); these put the engine on GPU 1, so they
+  run without the ``*_ipc`` modes (two GPUs).
 
-The sender is this process, on the rollout's GPU as a colocated actor rank is; the receiver is the engine's
+The sender is this process, on the rollout's GPU as a colocated actor rank is (GPU 0 beside the rollout's GPU 1 for
+the ``*_nccl`` modes); the receiver is the engine's
 diffusion worker, which checks and loads every bucket (the full syncs come first: an engine that served a LoRA
 refuses full weights). The LoRA is the recipe's (``run_qwen_image_ocr_lora.sh``: r64, alpha 128, the adapter's
 targets) in the actor's fp32, random; the transformer's tensors are random bf16, made one bucket at a time
@@ -19,6 +23,7 @@ outside the timed part. Rows: seconds per sync (median of ``--repeats``), GB mov
 one JSON object.
 
     python3 benchmarks/weight_sync.py --full-size     # CUDA: 20 B Qwen-Image, random weights (random_weights.py)
+    python3 benchmarks/weight_sync.py --full-size --modes full_nccl lora_nccl   # 2 GPUs: separate pools
     python3 benchmarks/weight_sync.py                 # CPU: the tiny model, host rows only
 """
 
@@ -39,7 +44,9 @@ import torch
 
 logger = logging.getLogger("weight_sync")
 HERE = Path(__file__).resolve().parent
-MODES = ("full_ipc", "full_host", "lora_ipc", "lora_host")
+MODES = ("full_ipc", "full_host", "lora_ipc", "lora_host", "full_nccl", "lora_nccl")
+# the engine's GPU in the *_nccl modes (this process sends from GPU 0)
+NCCL_ROLLOUT_GPU = 1
 
 
 def meta_transformer(model_dir: Path):
@@ -80,8 +87,8 @@ def random_bucket(names, shapes, device, seed: int) -> dict[str, torch.Tensor]:
     return {n: torch.randn(shapes[n], generator=generator, device=device).to(torch.bfloat16) for n in names}
 
 
-async def time_full_sync(engine, plan, shapes, device, version: int, ipc: bool, buckets: int) -> tuple[float, int]:
-    """Seconds and bytes of a checked sync of the first ``buckets`` buckets (the whole plan with CUDA IPC)."""
+async def time_full_sync(engine, plan, shapes, device, version: int, mode: str, buckets: int, sender=None):
+    """Seconds and bytes of a checked sync of the first ``buckets`` buckets (the whole plan by CUDA IPC or NCCL)."""
     from verl_omni.workers.rollout import device_share
     from verl_omni.workers.rollout.weight_buckets import WeightBucket
 
@@ -93,13 +100,15 @@ async def time_full_sync(engine, plan, shapes, device, version: int, ipc: bool, 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        if ipc:
+        if mode == "full_ipc":
             handle, buffer = device_share.share(tensors, device)
             kept = [*kept[-1:], buffer]
             bucket = WeightBucket.shared_build(version, index, len(plan), handle)
+        elif mode == "full_nccl":
+            bucket = WeightBucket.broadcast_build(version, index, len(plan), sender.stage(tensors))
         else:
             bucket = WeightBucket.build(version, index, len(plan), tensors)
-        await engine.load_weight_bucket(bucket)
+        await _with_sender(engine.load_weight_bucket(bucket), sender if mode == "full_nccl" else None)
         seconds += time.perf_counter() - start
         del tensors
     if buckets == len(plan):
@@ -107,32 +116,69 @@ async def time_full_sync(engine, plan, shapes, device, version: int, ipc: bool, 
     return seconds, nbytes
 
 
-async def run(args, model_path: Path) -> list[dict]:
-    from verl_omni.workers.rollout import device_share
+async def _with_sender(receiving, sender):
+    """Await the engine's receiving call; with a ``sender``, its broadcast runs meanwhile (in a thread: it blocks
+    until the engine's worker takes part, and the engine's call needs this loop)."""
+    if sender is None:
+        return await receiving
+    result, _ = await asyncio.gather(receiving, asyncio.to_thread(sender.send))
+    return result
+
+
+def start_engine(args, model_path: Path, gpu: int | None):
+    """The rollout engine; ``gpu``: the only GPU its processes see (this process keeps every GPU)."""
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
-    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     extra = {}
     if args.full_size:
         from random_weights import LOG_PROB_PIPELINE
 
         extra = {"custom_pipeline": LOG_PROB_PIPELINE, "enforce_eager": True}
     engine = OmniRolloutEngine(str(model_path), dtype=args.dtype, max_batch_requests=1, **extra)
-    engine.start()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpu is not None:
+        torch.cuda.init()
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[gpu]
+    try:
+        engine.start()
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    return engine
+
+
+async def connect(engine, device: torch.device):
+    """This process as the weight group's sender on ``device``, the engine's workers joined (NCCL)."""
+    from verl_omni.workers.rollout.collective_share import CollectiveSender
+
+    sender = CollectiveSender(1 + await engine.worker_count(), device, "127.0.0.1")
+    await asyncio.gather(engine.join_weight_group(sender.group, 1), asyncio.to_thread(sender.connect))
+    return sender
+
+
+async def run(args, model_path: Path) -> list[dict]:
+    from verl_omni.workers.rollout import device_share
+
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    nccl = any(m.endswith("_nccl") for m in args.modes)
+    engine = start_engine(args, model_path, NCCL_ROLLOUT_GPU if nccl else None)
     rows = []
     try:
+        sender = await connect(engine, device) if nccl else None
         plan, shapes = transformer_plan(model_path, args.bucket_mb << 20)
         total = sum(shape.numel() * 2 for shape in shapes.values())
         logger.info("transformer: %.2f GB in %d buckets of <= %d MiB", total / 1e9, len(plan), args.bucket_mb)
         version = 0
         # the host rows time part of a sync and leave it open; the next sync's begin drops it
-        for mode in [m for m in ("full_ipc", "full_host") if m in args.modes]:
-            ipc = mode == "full_ipc"
-            count = len(plan) if ipc else min(args.host_buckets, len(plan))
+        for mode in [m for m in ("full_ipc", "full_nccl", "full_host") if m in args.modes]:
+            count = min(args.host_buckets, len(plan)) if mode == "full_host" else len(plan)
             times = []
             for _ in range(args.repeats):
                 version += 1
-                seconds, nbytes = await time_full_sync(engine, plan, shapes, device, version, ipc, count)
+                seconds, nbytes = await time_full_sync(engine, plan, shapes, device, version, mode, count, sender)
                 times.append(seconds)
                 logger.info("%s: %d buckets, %.2f GB in %.2f s", mode, count, nbytes / 1e9, seconds)
             rows.append(_row(mode, times, nbytes))
@@ -141,7 +187,7 @@ async def run(args, model_path: Path) -> list[dict]:
         config, tensors = recipe_lora(model_path, args.lora_rank, args.lora_alpha, device)
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         logger.info("LoRA: %d tensors, %.2f GB (%s)", len(tensors), nbytes / 1e9, next(iter(tensors.values())).dtype)
-        for mode in [m for m in ("lora_ipc", "lora_host") if m in args.modes]:
+        for mode in [m for m in ("lora_ipc", "lora_nccl", "lora_host") if m in args.modes]:
             times = []
             for _ in range(args.repeats):
                 if device.type == "cuda":
@@ -151,6 +197,9 @@ async def run(args, model_path: Path) -> list[dict]:
                     handle, buffer = device_share.share(tensors, device)
                     await engine.load_lora_tensors(config, shared=[handle])
                     del buffer
+                elif mode == "lora_nccl":
+                    sent = sender.stage(tensors)
+                    await _with_sender(engine.load_lora_tensors(config, broadcast=sent), sender)
                 else:
                     await engine.load_lora_tensors(config, {n: t.to("cpu") for n, t in tensors.items()})
                 times.append(time.perf_counter() - start)
@@ -189,9 +238,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.full_size and args.device != "cuda":
         parser.error("--full-size needs --device cuda (the transformer alone is ~40 GB in bf16)")
     args.dtype = "float32" if args.device == "cpu" else "bfloat16"
-    args.modes = args.modes or [m for m in MODES if args.device == "cuda" or m.endswith("_host")]
-    if args.device == "cpu" and any(m.endswith("_ipc") for m in args.modes):
-        parser.error("the *_ipc modes need --device cuda (CUDA IPC)")
+    args.modes = args.modes or [
+        m for m in MODES if (args.device == "cuda" and m.endswith("_ipc")) or m.endswith("_host")
+    ]
+    if args.device == "cpu" and any(m.endswith(("_ipc", "_nccl")) for m in args.modes):
+        parser.error("the *_ipc and *_nccl modes need --device cuda (CUDA IPC, NCCL)")
+    nccl = any(m.endswith("_nccl") for m in args.modes)
+    if nccl and any(m.endswith("_ipc") for m in args.modes):
+        parser.error("the *_nccl modes put the rollout on GPU 1 and the *_ipc modes need it on GPU 0: run them apart")
+    if nccl and torch.cuda.device_count() < 2:
+        parser.error(f"the *_nccl modes need 2 GPUs (sender on 0, rollout on 1); {torch.cuda.device_count()} visible")
     return args
 
 

@@ -1,7 +1,8 @@
 """``trainer.trainer_mode=separate_async`` end to end through the real entry point, and its resume.
 
 ``run``: the tiny Qwen-Image, 1 actor rank and 1 rollout replica, each in a resource pool of its own (two placement
-groups of the session's Ray cluster), 3 steps with ``max_staleness=2``: step 1 generates in the step (nothing
+groups of the session's Ray cluster), the LoRA broadcast to the rollout's worker after each update (the collective
+weight transport separate pools use on GPUs, over gloo), 3 steps with ``max_staleness=2``: step 1 generates in the step (nothing
 queued yet); during step 1 the rollout generates steps 2 and 3 with version 0, which the actor keeps through two
 updates. Step 2 trains one version off the sampling one (staleness 1), step 3 two (staleness 2); the actor replays
 each batch with the weight version that sampled it (kept on the rank) and must agree with the rollout's log-probs
@@ -32,6 +33,8 @@ ASYNC_ARGS = (
     "trainer.save_freq=2",
     f"trainer.test_freq={STEPS}",
     "trainer.val_before_train=false",
+    # the separate pools' GPU transport, a broadcast from actor rank 0 to the rollout workers, over gloo here
+    "actor_rollout_ref.rollout.weight_transport=collective",
 )
 # per step: (async/staleness, async/prefetched, async/weight_version, async/kept_weight_versions) with
 # max_staleness=2: steps 2 and 3 are both generated during step 1 with version 0, which the actor keeps through two
@@ -83,6 +86,7 @@ def check_versions_and_replay(records) -> dict:
         # the ratio's denominator is the sampling version's log-prob: the actor's replay of that version agrees
         assert got["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
         assert got["sync/lora_modules_bound_min"] > 0
+        assert got["sync/weight_group_members"] == 2, "actor rank 0 and the replica's one worker"
     # off-policy: the policy that trains (after one or two more updates) has moved away from the sampling one
     for step in (2, 3):
         assert metrics[step]["actor/logprob_diff_max"] > 10 * LOGPROB_BOUND, metrics[step]["actor/logprob_diff_max"]

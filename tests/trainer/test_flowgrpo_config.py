@@ -87,6 +87,15 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.actor.ema_decay=0.9"], r"actor.ema_decay=0.9 .*model.lora.rank=\d+ trains a LoRA"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=1.0"], "actor.ema_decay must be 0"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=-0.5"], "actor.ema_decay must be 0"),
+    (["actor_rollout_ref.rollout.weight_transport=nccl"], "rollout.weight_transport must be one of"),
+    (
+        ["actor_rollout_ref.rollout.weight_transport=ipc", "trainer.colocate_rollout=false"],
+        "rollout.weight_transport=ipc needs the rollout colocated on CUDA",
+    ),
+    (
+        ["actor_rollout_ref.rollout.weight_transport=collective", "trainer.colocate_rollout=true"],
+        "rollout.weight_transport=collective needs the rollout on devices of its own",
+    ),
 ]
 
 

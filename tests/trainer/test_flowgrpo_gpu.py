@@ -1,4 +1,5 @@
-"""The trainer on one GPU: actor and rollout colocated, the rollout asleep during the actor phases.
+"""The trainer on one GPU: actor and rollout colocated, the rollout asleep during the actor phases; and on two GPUs,
+actor and rollout in separate pools, the weights broadcast over NCCL.
 
 One run of the real entry point (tiny Qwen-Image in bf16, 2 steps): the replica is placed on the
 actor's GPU (``trainer.colocate_rollout=true``), its engine offloads its weights after each
@@ -14,6 +15,7 @@ import sys
 import time
 
 import pytest
+import torch
 from trainer_helpers import REPO, by_step, read_metrics, run_entry_point
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
@@ -111,3 +113,39 @@ def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_ima
     )
     assert proc.returncode != 0
     assert "trainer.colocate_rollout=true" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="separate pools need 2 GPUs: one actor rank, one replica")
+def test_separate_pools_full_fine_tuning_broadcasts_every_bucket_over_nccl(
+    tiny_qwen_image_bf16_path, prompt_files, tmp_path
+):
+    """Full fine-tuning with the actor on GPU 0 and the replica on GPU 1 (``colocate_rollout=false``): ``auto`` picks
+    the collective transport, actor rank 0 broadcasts each bucket to the replica's worker over NCCL."""
+    start = time.perf_counter()
+    proc = run_entry_point(
+        tmp_path / "run",
+        tiny_qwen_image_bf16_path,
+        prompt_files,
+        *ONE_GPU,
+        "trainer.colocate_rollout=false",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=2",
+        "actor_rollout_ref.model.lora.rank=0",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    metrics = by_step(read_metrics(tmp_path / "run"))
+    assert sorted(metrics) == [0, 1, 2]
+    diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
+    sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
+    print(
+        f"separate pools on 2 GPUs, 2 steps: {time.perf_counter() - start:.0f} s; full fine-tuning, actor vs rollout "
+        f"log-prob, bf16: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}"
+    )
+    assert sync["sync/weight_group_members"] == 2, "actor rank 0 and the replica's worker"
+    assert sync["sync/full_weight_buckets"] > 1 and sync["sync/full_weight_params_written_min"] > 0
+    # step 2 samples with the broadcast transformer: a lost or stale bucket would make the replay disagree
+    assert diffs[1] <= 10 * max(diffs[0], 1e-3)
+    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained transformer reached the rollout"

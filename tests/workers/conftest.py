@@ -21,7 +21,11 @@ class LoopThread:
         self.thread.start()
 
     def run(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        return self.submit(coro).result(timeout)
+
+    def submit(self, coro):
+        """Start ``coro`` on the loop and return its future (a call this thread must meet while it runs)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self):
         self.loop.call_soon_threadsafe(self.loop.stop)

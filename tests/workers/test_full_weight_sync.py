@@ -6,6 +6,9 @@ pushed a LoRA into an engine, vLLM-Omni keeps those layers wrapped, and a full-w
 last test shows it). A full fine-tuning FSDP2 actor (``model.lora.rank=0``, KL reference on) on a one-rank gloo
 group, in this process. The buckets go the way the trainer sends them minus Ray (the actor builds each, the
 engine's workers check and load it); the trainer run over Ray is ``tests/trainer/test_flowgrpo_full_ft_e2e.py``.
+The collective transport of separate pools (``collective_share``) runs here over gloo: this process as actor rank
+0's end of the weight group, the engine's workers as the other members, every bucket broadcast (its 2-GPU NCCL run:
+``tests/workers/rollout/vllm_omni/test_collective_sync_gpu.py``).
 """
 
 import pytest
@@ -112,6 +115,67 @@ def test_dropped_or_corrupted_bucket_fails_the_sync_naming_it(loop, engine, prom
         loop.run(engine.load_weight_bucket(corrupted))
     # a complete sync afterwards succeeds: the rollout is consistent with the actor again
     assert sync(loop, engine, actor, version=4)["buckets"] == len(plan)
+
+
+@pytest.fixture(scope="module")
+def weight_group(loop, engine):
+    """The collective transport over gloo, as separate pools use it over NCCL: this process (actor rank 0's end,
+    ``CollectiveSender``) and the engine's workers (through their RPC) join one group, at the same time."""
+    from verl_omni.workers.rollout.collective_share import CollectiveSender
+
+    workers = loop.run(engine.worker_count())
+    sender = CollectiveSender(1 + workers, torch.device("cpu"), "127.0.0.1")
+    joining = loop.submit(engine.join_weight_group(sender.group, 1))
+    sender.connect()
+    joining.result(600)
+    return sender
+
+
+def broadcast_bucket(loop, engine, sender, bucket, corrupt: bool = False) -> int:
+    """One bucket's layout to the engine while ``sender`` broadcasts its buffer (the two calls in flight together);
+    ``corrupt``: the staged buffer changes after its checksum was taken (what a corrupted transfer leaves)."""
+    from verl_omni.workers.rollout.weight_buckets import WeightBucket
+
+    sent = sender.stage(bucket.tensors)
+    if corrupt:
+        sender.staged[-1][:64] += 1
+    loading = loop.submit(
+        engine.load_weight_bucket(WeightBucket.broadcast_build(bucket.version, bucket.index, bucket.count, sent))
+    )
+    sender.send()
+    return loading.result(600)
+
+
+def test_broadcast_sync_over_gloo_delivers_the_actors_weights_and_refuses_a_corrupted_bucket(
+    loop, engine, prompts, actor, trained, weight_group, tiny_qwen_image_path
+):
+    """The collective transport's path on the CPU (gloo): the rollout synced by broadcast samples exactly what it
+    sampled after the host sync of the same weights, from the base weights in between; a bucket whose bytes changed
+    after the sender's checksum is refused, naming it. Runs right after the host syncs left the actor's weights."""
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.workers.rollout.weight_buckets import WeightSyncError
+
+    expected = sample_group(loop, engine, prompts, "broadcast-expected")
+    plan = actor.engine.weight_bucket_plan(BUCKET_BYTES)
+    loop.run(engine.begin_weight_sync(10, len(plan)))
+    with pytest.raises(
+        WeightSyncError, match="bucket 0 of weight sync 10: the broadcast weight buffer received is not"
+    ):
+        broadcast_bucket(loop, engine, weight_group, bucket(actor, plan, 10, 0), corrupt=True)
+    with pytest.raises(WeightSyncError, match="failed earlier"):
+        loop.run(engine.finish_weight_sync(10))
+
+    loop.run(engine.load_weights(QwenImageTrainingAdapter.load_transformer(tiny_qwen_image_path).state_dict()))
+    loop.run(engine.begin_weight_sync(11, len(plan)))
+    for index in range(len(plan)):
+        assert broadcast_bucket(loop, engine, weight_group, bucket(actor, plan, 11, index)) > 0
+    report = loop.run(engine.finish_weight_sync(11))
+    assert report["buckets"] == len(plan) and report["bytes"] >= sum(
+        p.numel() * p.element_size() for p in actor.engine.module.parameters()
+    )
+    after = sample_group(loop, engine, prompts, "broadcast-after")
+    assert all(torch.equal(a.diffusion_output, e.diffusion_output) for a, e in zip(after, expected, strict=True))
+    assert all(torch.equal(a.rollout_log_probs, e.rollout_log_probs) for a, e in zip(after, expected, strict=True))
 
 
 def test_checkpoint_is_a_diffusers_transformer_with_the_actors_velocity_and_resumes(

@@ -101,6 +101,39 @@ def test_actor_replays_rollout_then_synced_rollout_reproduces_actor(loop, engine
     assert diff_after <= LOGPROB_BOUND
 
 
+def test_lora_broadcast_over_gloo_samples_as_the_host_sync_and_a_corrupted_one_is_refused(loop, engine, prompts, actor):
+    """Separate pools' transport (``collective_share``) on the CPU: this process as actor rank 0's end of the weight
+    group, the engine's workers receiving. After the update above, the actor's LoRA broadcast samples bit for bit
+    what the same LoRA as host tensors does; a buffer changed after its checksum is refused, the adapter kept."""
+    from verl_omni.workers.rollout.collective_share import CollectiveSender
+
+    params, peft_config = actor.engine.get_per_tensor_param()
+    params = dict(params)
+    loop.run(engine.load_lora_tensors(peft_config, params))
+    host = sample_group(loop, engine, prompts, "lora-host")
+    sender = CollectiveSender(1 + loop.run(engine.worker_count()), torch.device("cpu"), "127.0.0.1")
+    joining = loop.submit(engine.join_weight_group(sender.group, 1))
+    sender.connect()
+    joining.result(600)
+
+    def broadcast(corrupt: bool = False) -> list[str]:
+        sent = sender.stage(params)
+        if corrupt:
+            sender.staged[-1][:64] += 1
+        loading = loop.submit(engine.load_lora_tensors(peft_config, broadcast=sent))
+        sender.send()
+        return loading.result(600)
+
+    active = engine.active_lora
+    with pytest.raises(RuntimeError, match="broadcast weight buffer received is not the one sent"):
+        broadcast(corrupt=True)
+    assert engine.active_lora == active
+    assert len(broadcast()) > 0 and engine.active_lora != active
+    after = sample_group(loop, engine, prompts, "lora-broadcast")
+    assert all(torch.equal(a.diffusion_output, h.diffusion_output) for a, h in zip(after, host, strict=True))
+    assert all(torch.equal(a.rollout_log_probs, h.rollout_log_probs) for a, h in zip(after, host, strict=True))
+
+
 def test_sync_whose_names_bind_no_module_fails_and_keeps_the_previous_adapter(loop, engine, prompts, actor):
     params, peft_config = actor.engine.get_per_tensor_param()
     renamed = {k.replace("transformer_blocks", "blocks_that_do_not_exist"): v for k, v in params}

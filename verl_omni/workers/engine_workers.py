@@ -6,9 +6,11 @@ forwards save/load checkpoint and offload to the engine. On top it exposes the a
 as DataProto methods split over the data-parallel ranks (``DP_COMPUTE_PROTO``):
 ``compute_log_prob`` (old policy), ``compute_ref_log_prob`` (reference μ: LoRA disabled, or the
 frozen base copy of full fine-tuning), ``update_actor``, ``get_lora_params`` (LoRA tensors for the
-rollout; ``share_lora_params`` shares them on the GPU by CUDA IPC instead) and, for full fine-tuning,
-``weight_bucket_plan`` / ``get_weight_bucket`` (the transformer, or the EMA of its weights, in checked
-buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
+rollout; ``share_lora_params`` shares them on the GPU by CUDA IPC instead, ``stage_lora_params`` packs them for
+a broadcast to separate pools) and, for full fine-tuning, ``weight_bucket_plan`` / ``get_weight_bucket`` (the
+transformer, or the EMA of its weights, in checked buckets, :mod:`~verl_omni.workers.rollout.weight_buckets`).
+Rank 0 is the sender of the weight group (``open_weight_group`` / ``join_weight_group`` / ``send_staged``,
+:mod:`~verl_omni.workers.rollout.collective_share`) when the rollout runs on GPUs of its own.
 
 The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
 lives in the actor's engine, so one worker covers verl's actor and ref roles.
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 
+import ray
 import torch
 import torch.distributed as dist
 from verl import DataProto
@@ -36,8 +39,9 @@ from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp import policy_versions
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
-from verl_omni.workers.rollout import device_share
+from verl_omni.workers.rollout import collective_share, device_share
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
+from verl_omni.workers.rollout.weight_sync import COLLECTIVE, IPC
 from verl_omni.workers.utils.losses import default_algorithm_config
 
 logger = logging.getLogger(__name__)
@@ -75,6 +79,8 @@ class DiffusionActorWorker(TrainingWorker):
         self.policy_versions: dict[int, dict] = {}
         # device buffers the rollout reads by CUDA IPC during a sync (device_share), dropped by release_shared
         self._shared_buffers: list = []
+        # rank 0, separate pools: its end of the weight group (collective_share), made at the first sync
+        self._sender: collective_share.CollectiveSender | None = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
@@ -147,20 +153,23 @@ class DiffusionActorWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def get_weight_bucket(
-        self, plan: list[list[str]], version: int, index: int, ema: bool = False, shared: bool = False
+        self, plan: list[list[str]], version: int, index: int, ema: bool = False, transport: str = "host"
     ) -> WeightBucket | None:
         """Bucket ``index`` of sync ``version`` (``ema``: of the EMA weights), checksummed; every rank gathers its
         shards, rank 0 returns it (non-blocking: the caller hands rank 0's object reference to the rollout servers,
-        the bucket never passes through the trainer process). ``shared``: every rank packs it on its GPU and
-        returns its CUDA IPC handle instead (``device_share``), keeping this bucket and the one before alive
-        (the rollout loads one while the next is gathered) until :meth:`release_shared`."""
-        tensors = self.engine.weight_bucket(plan, index, ema=ema, to_host=not shared)
-        if shared:
+        the bucket never passes through the trainer process). The ``transport`` (``weight_sync``) decides the
+        form: ``ipc``: every rank packs it on its GPU and returns its CUDA IPC handle (``device_share``), keeping
+        this bucket and the one before alive (the rollout loads one while the next is gathered) until
+        :meth:`release_shared`; ``collective``: rank 0 packs it for :meth:`send_staged` and returns its layout."""
+        tensors = self.engine.weight_bucket(plan, index, ema=ema, to_host=transport not in (IPC, COLLECTIVE))
+        if transport == IPC:
             handle, buffer = device_share.share(tensors, self._device())
             self._shared_buffers = [*self._shared_buffers[-1:], buffer]
             return WeightBucket.shared_build(version, index, len(plan), handle)
         if dist.get_rank() != 0:
             return None
+        if transport == COLLECTIVE:
+            return WeightBucket.broadcast_build(version, index, len(plan), self._weight_sender().stage(tensors))
         return WeightBucket.build(version, index, len(plan), tensors)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -173,12 +182,52 @@ class DiffusionActorWorker(TrainingWorker):
         return handle, config
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stage_lora_params(self) -> tuple[collective_share.BroadcastTensors | None, dict]:
+        """``(layout, peft_config)``: the current LoRA packed on rank 0's device for :meth:`send_staged` (every rank
+        gathers; the others return no layout)."""
+        params, config = self.engine.get_per_tensor_param(to_host=False)
+        if dist.get_rank() != 0:
+            return None, config
+        return self._weight_sender().stage(dict(params)), config
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def open_weight_group(self, size: int) -> collective_share.WeightGroup | None:
+        """Rank 0 hosts the weight group's store for ``size`` members and returns where to join (once per run)."""
+        if dist.get_rank() != 0:
+            return None
+        self._sender = collective_share.CollectiveSender(size, self._device(), ray.util.get_node_ip_address())
+        return self._sender.group
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_group(self) -> None:
+        """Rank 0 joins as member 0 (non-blocking: the rollout workers join meanwhile)."""
+        if self._sender is not None:
+            self._sender.connect()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_staged(self) -> int:
+        """Rank 0 broadcasts its oldest staged buffer to the rollout workers; returns its bytes (others: 0).
+        Non-blocking: the servers' receiving calls must be in flight at the same time."""
+        return self._sender.send() if self._sender is not None else 0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def release_shared(self) -> None:
-        """Drop the buffers shared with the rollout (after every server finished reading them)."""
+        """Drop the buffers shared with the rollout (after every server finished reading them), and any staged
+        for a broadcast and not sent (a sync that failed half way)."""
         self._shared_buffers = []
-        torch.cuda.ipc_collect()
-        torch.cuda.empty_cache()
+        if self._sender is not None:
+            self._sender.drop_staged()
+        if torch.cuda.is_available():
+            torch.cuda.ipc_collect()
+            torch.cuda.empty_cache()
+
+    def _weight_sender(self) -> collective_share.CollectiveSender:
+        if self._sender is None:
+            raise RuntimeError("actor rank 0 has no weight group: open_weight_group runs before the first broadcast")
+        return self._sender
 
     @staticmethod
     def _device() -> torch.device:
+        if get_device_name() == "cpu":
+            return torch.device("cpu")
         return torch.device(get_device_name(), torch.cuda.current_device())

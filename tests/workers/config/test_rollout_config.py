@@ -86,3 +86,31 @@ def test_the_hash_routing_policy_is_selectable_from_the_command_line(tiny_qwen_i
         ],
     )
     assert omega_conf_to_dataclass(config.actor_rollout_ref.rollout).server_routing.policy == "prompt_uid_affinity"
+
+
+@pytest.mark.parametrize(
+    ("requested", "colocated", "device", "transport"),
+    [
+        ("auto", True, "cuda", "ipc"),
+        ("auto", False, "cuda", "collective"),
+        ("auto", True, "cpu", "host"),
+        ("auto", False, "cpu", "host"),
+        ("host", True, "cuda", "host"),
+        ("collective", False, "cpu", "collective"),
+        ("ipc", True, None, "ipc"),
+    ],
+)
+def test_weight_transport_auto_follows_the_placement_and_a_forced_one_is_kept(requested, colocated, device, transport):
+    from verl_omni.workers.config.rollout import weight_transport_for
+
+    assert weight_transport_for(requested, colocated, device) == transport
+
+
+@pytest.mark.parametrize(
+    ("requested", "colocated", "device"), [("ipc", True, "cpu"), ("ipc", False, "cuda"), ("collective", True, "cuda")]
+)
+def test_a_forced_weight_transport_the_placement_cannot_serve_is_refused(requested, colocated, device):
+    from verl_omni.workers.config.rollout import weight_transport_for
+
+    with pytest.raises(ValueError, match=f"actor_rollout_ref.rollout.weight_transport={requested} needs"):
+        weight_transport_for(requested, colocated, device)

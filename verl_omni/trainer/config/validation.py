@@ -25,7 +25,7 @@ from verl_omni.trainer.config.config import FlowGRPOTrainerConfig
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.model import DiffusionModelConfig
 from verl_omni.workers.config.reward import DiffusionRewardConfig
-from verl_omni.workers.config.rollout import DiffusionRolloutConfig
+from verl_omni.workers.config.rollout import DiffusionRolloutConfig, weight_transport_for
 
 logger = logging.getLogger(__name__)
 
@@ -188,4 +188,6 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_ema(configs)
     _check_model(configs)
     _check_mode(configs)
+    # a forced weight transport fits the placement (a null device is checked again once resolved)
+    weight_transport_for(configs.rollout.weight_transport, configs.trainer.colocate_rollout, configs.trainer.device)
     return configs

@@ -41,6 +41,7 @@ from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_gr
 from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
+from verl_omni.workers.config.rollout import weight_transport_for
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
@@ -92,6 +93,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.global_steps = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
+        # members of the collective weight transport's group, once made (0: not yet)
+        self._weight_group_size = 0
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -282,8 +285,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def _sync_weights(self, metrics: dict) -> None:
         """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
-        each replica binding them; with full fine-tuning the transformer in checksummed buckets (``weight_sync``).
-        Colocated on GPUs the weights stay on the device and travel as CUDA IPC handles (``device_share``)."""
+        each replica binding them; with full fine-tuning the transformer in checksummed buckets. The transport is
+        the one :attr:`weight_transport` names (``weight_sync``)."""
         from verl_omni.workers.rollout import weight_sync
 
         start = time.perf_counter()
@@ -292,40 +295,38 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         metrics["sync/wake_seconds"] = time.perf_counter() - start
         if self.configs.model.lora.rank == 0:
             metrics.update(self._push_full_weights())
-            return
-        servers = self.llm_server_manager.server_handles
-        if self._shares_device_memory:
-            start = time.perf_counter()
-            per_rank = self.actor_rollout_wg.share_lora_params()
-            metrics["sync/export_seconds"] = time.perf_counter() - start
-            try:
-                bound = asyncio.run(
-                    weight_sync.push_lora_to_replicas(servers, per_rank[0][1], shared=[h for h, _ in per_rank])
-                )
-            finally:
-                self.actor_rollout_wg.release_shared()
         else:
-            start = time.perf_counter()
-            tensors, peft_config = self.actor_rollout_wg.get_lora_params()[0]
-            metrics["sync/export_seconds"] = time.perf_counter() - start
-            bound = asyncio.run(weight_sync.push_lora_to_replicas(servers, peft_config, tensors))
-        metrics["sync/push_seconds"] = time.perf_counter() - start - metrics["sync/export_seconds"]
-        metrics["sync/lora_modules_bound_min"] = min(bound)
+            self._connect_weight_group()
+            servers = self.llm_server_manager.server_handles
+            metrics.update(asyncio.run(weight_sync.push_lora(self.actor_rollout_wg, servers, self.weight_transport)))
+        if self._weight_group_size:
+            # the collective transport's group: actor rank 0 and every rollout worker it broadcast to
+            metrics["sync/weight_group_members"] = float(self._weight_group_size)
 
     @property
-    def _shares_device_memory(self) -> bool:
-        """Whether the weights reach the rollout by CUDA IPC: colocated (each replica on actor ranks' GPUs) on CUDA."""
-        return self.colocate and self.device == "cuda"
+    def weight_transport(self) -> str:
+        """``host``, ``ipc`` or ``collective``: ``rollout.weight_transport``, ``auto`` resolved by placement
+        (``weight_transport_for``)."""
+        return weight_transport_for(self.configs.rollout.weight_transport, self.colocate, self.device)
+
+    def _connect_weight_group(self) -> None:
+        """The collective transport's process group, made at the first sync and kept for the run."""
+        from verl_omni.workers.rollout import weight_sync
+
+        if self.weight_transport == weight_sync.COLLECTIVE and not self._weight_group_size:
+            servers = self.llm_server_manager.server_handles
+            self._weight_group_size = asyncio.run(weight_sync.connect_weight_group(self.actor_rollout_wg, servers))
 
     def _push_full_weights(self, ema: bool = False) -> dict[str, float]:
         """The actor's transformer (``ema``: the EMA of its weights) to every replica in checked buckets."""
         from verl_omni.workers.rollout import weight_sync
 
+        self._connect_weight_group()
         bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
         servers = self.llm_server_manager.server_handles
         return asyncio.run(
             weight_sync.push_full_weights(
-                self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema, self._shares_device_memory
+                self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema, self.weight_transport
             )
         )
 

@@ -27,6 +27,12 @@ ENGINE_START_TIMEOUT_KEY = f"{KEY}.engine_start_timeout_s"
 # has not finished after half an hour is lost, and the step fails naming it instead of waiting forever.
 DEFAULT_GENERATION_TIMEOUT_S = 1800.0
 GENERATION_TIMEOUT_KEY = f"{KEY}.generation_timeout_s"
+WEIGHT_TRANSPORT_KEY = f"{KEY}.weight_transport"
+# how the trained weights reach the rollout (workers/rollout/weight_sync.py): through the host (Ray's object store
+# and the engine's RPC), CUDA IPC handles (colocated on CUDA), a broadcast through a process group (separate pools:
+# NCCL on CUDA, gloo on CPU); "auto" picks by placement
+HOST, IPC, COLLECTIVE = "host", "ipc", "collective"
+WEIGHT_TRANSPORTS = ("auto", HOST, IPC, COLLECTIVE)
 # the sampling spec's defaults: the config mirrors the spec's fields as flat keys, with the same defaults
 _SPEC = SamplingSpec()
 
@@ -87,6 +93,11 @@ class DiffusionRolloutConfig(RolloutConfig):
         generation_timeout_s (float): seconds one engine request (one prompt group, or one sample) may take
             before it is aborted and the step fails naming it; raise it for long videos. Default 1800.
         seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
+        weight_transport (str): how the trained weights (the LoRA, or full fine-tuning's buckets) reach the rollout
+            after each update: ``"auto"`` picks by placement (CUDA IPC colocated on CUDA, ``"collective"`` for
+            separate pools on CUDA, ``"host"`` on the CPU); ``"host"``, ``"ipc"`` (needs the rollout colocated on
+            CUDA) or ``"collective"`` (needs separate pools; NCCL on CUDA, gloo on the CPU) force one. Default
+            ``"auto"``. docs/actor.md.
         checkpoint_engine (CheckpointEngineConfig): (verl's node) only ``update_weights_bucket_megabytes`` is read:
             the bucket bound of full fine-tuning's weight sync (``workers/rollout/weight_buckets.py``). Default 2048.
     """
@@ -119,6 +130,7 @@ class DiffusionRolloutConfig(RolloutConfig):
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
     engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S
     generation_timeout_s: float = DEFAULT_GENERATION_TIMEOUT_S
+    weight_transport: str = "auto"
 
     def __post_init__(self):
         super().__post_init__()
@@ -152,6 +164,10 @@ class DiffusionRolloutConfig(RolloutConfig):
             raise ValueError(f"{ENGINE_START_TIMEOUT_KEY} must be > 0 seconds, got {self.engine_start_timeout_s}")
         if not self.generation_timeout_s > 0:
             raise ValueError(f"{GENERATION_TIMEOUT_KEY} must be > 0 seconds, got {self.generation_timeout_s}")
+        if self.weight_transport not in WEIGHT_TRANSPORTS:
+            raise ValueError(
+                f"{WEIGHT_TRANSPORT_KEY} must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
+            )
         bucket_mb = self.checkpoint_engine.update_weights_bucket_megabytes
         if not isinstance(bucket_mb, int) or bucket_mb < 1:
             raise ValueError(
@@ -174,3 +190,25 @@ class DiffusionRolloutConfig(RolloutConfig):
             if validate and message.startswith("noise_level"):
                 message = f"val_{message}"  # the validation spec's noise level is val_noise_level
             raise ValueError(f"{KEY}.{message}") from None
+
+
+def weight_transport_for(requested: str, colocated: bool, device: str | None) -> str:
+    """The transport ``rollout.weight_transport`` (``requested``) means for a placement: ``auto`` is CUDA IPC
+    colocated on CUDA, a broadcast (NCCL) to separate pools on CUDA, the host on the CPU, where a sync is a small
+    part of a step. A forced one that the placement cannot serve is refused; ``device`` None (not resolved yet,
+    the config's validation before Ray starts) checks what it can."""
+    if requested == IPC and (not colocated or device == "cpu"):
+        raise ValueError(
+            f"{WEIGHT_TRANSPORT_KEY}=ipc needs the rollout colocated on CUDA (trainer.colocate_rollout=true on "
+            f"cuda); this run is {'colocated' if colocated else 'in separate pools'} on {device or 'auto'}: use auto"
+        )
+    if requested == COLLECTIVE and colocated:
+        raise ValueError(
+            f"{WEIGHT_TRANSPORT_KEY}=collective needs the rollout on devices of its own "
+            "(trainer.colocate_rollout=false); colocated runs use auto (CUDA IPC on CUDA) or host"
+        )
+    if requested != "auto":
+        return requested
+    if device != "cuda":
+        return HOST
+    return IPC if colocated else COLLECTIVE

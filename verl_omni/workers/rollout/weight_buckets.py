@@ -14,8 +14,9 @@ A bucket lost or corrupted on the way therefore fails the sync with an error nam
 leaving the rollout sampling from a mix of old and new weights while training looks healthy. The
 transport is not this module's: on CPU buckets travel through Ray's object store (shared memory on a
 node, ``weight_sync.push_full_weights``) and the engine's worker RPC; colocated on a GPU a bucket stays on
-the device and only its CUDA IPC handle travels (:mod:`~verl_omni.workers.rollout.device_share`); NCCL
-between separate pools is not built (``docs/actor.md``, full fine-tuning).
+the device and only its CUDA IPC handle travels (:mod:`~verl_omni.workers.rollout.device_share`); separate
+pools on GPUs broadcast it from actor rank 0 to every rollout worker over NCCL
+(:mod:`~verl_omni.workers.rollout.collective_share`; ``docs/actor.md``, full fine-tuning).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from verl_omni.workers.rollout.collective_share import BroadcastTensors
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +84,9 @@ class WeightBucket:
         checksum (`str`): :func:`bucket_checksum` of ``tensors`` as the sender built them.
         shared (`tuple[SharedTensors, ...]`): instead of ``tensors``, the bucket packed on the senders' GPUs, one
             per GPU, for CUDA IPC (:mod:`~verl_omni.workers.rollout.device_share`, which checks it on arrival).
+        broadcast (`BroadcastTensors`, *optional*): instead of ``tensors``, the layout and checksum of the bucket
+            that actor rank 0 broadcasts through the weight group
+            (:mod:`~verl_omni.workers.rollout.collective_share`); the bytes arrive beside this message.
     """
 
     version: int
@@ -87,6 +95,7 @@ class WeightBucket:
     tensors: dict[str, torch.Tensor] = field(repr=False)
     checksum: str
     shared: tuple = ()
+    broadcast: BroadcastTensors | None = None
 
     @classmethod
     def shared_build(cls, version: int, index: int, count: int, handle) -> WeightBucket:
@@ -101,6 +110,11 @@ class WeightBucket:
         return cls(first.version, first.index, first.count, {}, "", tuple(h for b in buckets for h in b.shared))
 
     @classmethod
+    def broadcast_build(cls, version: int, index: int, count: int, sent) -> WeightBucket:
+        """The bucket as actor rank 0 broadcasts it (``collective_share.CollectiveSender.stage``)."""
+        return cls(version, index, count, {}, "", broadcast=sent)
+
+    @classmethod
     def build(cls, version: int, index: int, count: int, tensors: Mapping[str, torch.Tensor]) -> WeightBucket:
         """The bucket of ``tensors`` (moved to CPU), checksummed by the sender."""
         cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
@@ -110,6 +124,8 @@ class WeightBucket:
     def nbytes(self) -> int:
         if self.shared:
             return self.shared[0].nbytes
+        if self.broadcast is not None:
+            return self.broadcast.nbytes
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def to_fields(self) -> dict:
@@ -121,6 +137,7 @@ class WeightBucket:
             "tensors": self.tensors,
             "checksum": self.checksum,
             "shared": self.shared,
+            "broadcast": self.broadcast,
         }
 
 
@@ -160,8 +177,9 @@ class WeightSyncReceiver:
         self.version, self.count = version, count
         self.received, self.loaded, self.bytes, self.broken = {}, set(), 0, None
 
-    def receive(self, bucket: WeightBucket) -> int:
-        """Check ``bucket`` and load it; returns how many names the rollout set from it."""
+    def receive(self, bucket: WeightBucket, received: torch.Tensor | None = None) -> int:
+        """Check ``bucket`` and load it; returns how many names the rollout set from it. ``received``: a broadcast
+        bucket's buffer, taken from the weight group before any check (every member must take part)."""
         if self.version is None or bucket.version != self.version:
             raise WeightSyncError(
                 f"bucket {bucket.index} of weight sync {bucket.version} arrived while sync {self.version} is open"
@@ -173,12 +191,12 @@ class WeightSyncReceiver:
             )
         if bucket.index in self.received:
             raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version} arrived twice")
-        tensors = self._checked_tensors(bucket)
+        tensors = self._checked_tensors(bucket, received)
         loaded = self.load(list(tensors.items()))
         del tensors  # shared buckets: views of the sender's GPU memory, let go before it frees them
         if not loaded:
             self.broken = f"bucket {bucket.index} loaded nothing"
-            names = bucket.shared[0].names if bucket.shared else sorted(bucket.tensors)
+            names = _names(bucket)
             raise WeightSyncError(
                 f"bucket {bucket.index} of weight sync {bucket.version} set no rollout parameter (names like "
                 f"{names[:4]}): the rollout does not know these names"
@@ -188,13 +206,18 @@ class WeightSyncReceiver:
         self.bytes += bucket.nbytes
         return len(loaded)
 
-    def _checked_tensors(self, bucket: WeightBucket) -> dict[str, torch.Tensor]:
-        """The bucket's tensors once its checksum holds (a shared bucket: opened on this GPU and checked there)."""
-        if bucket.shared:
-            from verl_omni.workers.rollout import device_share
+    def _checked_tensors(self, bucket: WeightBucket, received: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The bucket's tensors once its checksum holds (a shared bucket: opened on this GPU and checked there; a
+        broadcast one: checked in the buffer received)."""
+        if bucket.shared or bucket.broadcast is not None:
+            from verl_omni.workers.rollout import collective_share, device_share
 
             try:
-                return device_share.open_shared(bucket.shared)
+                if bucket.shared:
+                    return device_share.open_shared(bucket.shared)
+                if received is None:
+                    raise RuntimeError("its buffer was not received from the weight group")
+                return collective_share.open_received(received, bucket.broadcast)
             except RuntimeError as error:
                 self.broken = f"bucket {bucket.index} not opened intact"
                 raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version}: {error}") from error
@@ -234,3 +257,11 @@ class WeightSyncReceiver:
                 f"parameters; not written: {unwritten[:6]}"
             )
         return {"buckets": self.count, "bytes": self.bytes, "params": len(expected)}
+
+
+def _names(bucket: WeightBucket) -> list[str]:
+    if bucket.shared:
+        return bucket.shared[0].names
+    if bucket.broadcast is not None:
+        return bucket.broadcast.names
+    return sorted(bucket.tensors)

@@ -16,14 +16,19 @@ SAMPLING = {
 }
 
 
-@pytest.fixture(scope="module")
-def ids(tiny_qwen_image_bf16_path):
+def prompt_ids(model_path):
+    """``(prompt, negative prompt)`` token ids of the tests' prompt for the tiny Qwen-Image at ``model_path``."""
     from transformers import Qwen2Tokenizer
 
     from verl_omni.pipelines.qwen_image.rollout_request import prompt_token_ids
 
-    tok = Qwen2Tokenizer.from_pretrained(tiny_qwen_image_bf16_path, subfolder="tokenizer")
+    tok = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
     return prompt_token_ids(tok, "a red cat on a chair"), prompt_token_ids(tok, " ")
+
+
+@pytest.fixture(scope="module")
+def ids(tiny_qwen_image_bf16_path):
+    return prompt_ids(tiny_qwen_image_bf16_path)
 
 
 def test_generate_batched_on_cuda_records_finite_log_probs(loop, bf16_engine, ids):

@@ -100,3 +100,84 @@ def test_lora_push_to_every_replica_changes_the_image_and_a_bad_one_names_the_se
         asyncio.run(push_lora_to_replicas([server], config, bad))
     with pytest.raises(ValueError, match="no rollout servers"):
         asyncio.run(push_lora_to_replicas([], config, tensors))
+
+
+class OneRankGroup:
+    """The worker-group surface ``weight_sync`` calls, over ``RankZero`` (ONE_TO_ALL: one result per rank; the
+    non-blocking methods return object references)."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def open_weight_group(self, size):
+        import ray
+
+        return [ray.get(self.rank.open.remote(size))]
+
+    def join_weight_group(self):
+        return [self.rank.connect.remote()]
+
+    def stage_lora_params(self):
+        import ray
+
+        return [ray.get(self.rank.stage.remote())]
+
+    def send_staged(self):
+        return [self.rank.send.remote()]
+
+    def release_shared(self):
+        pass
+
+
+def test_collective_lora_sync_over_ray_joins_the_servers_workers_and_binds(server, prompt_ids):
+    """``weight_sync``'s collective transport between Ray actors (gloo on the CPU): the group joined by rank 0 and the
+    server's workers at once, then the LoRA broadcast while the server receives it; the image is the host sync's."""
+    import asyncio
+
+    import ray
+
+    from verl_omni.workers.rollout import weight_sync
+
+    # defined here: Ray's workers take a class of a test module by value only (they cannot import the module)
+    class RankZero:
+        """Actor rank 0's end of the weight group in a Ray actor of its own, holding a LoRA: what
+        ``DiffusionActorWorker``'s weight-group methods do on rank 0 (a one-rank stand-in for the FSDP worker group)."""
+
+        def __init__(self, tensors, peft_config):
+            self.tensors, self.peft_config, self.sender = tensors, peft_config, None
+
+        def open(self, size):
+            import ray
+
+            from verl_omni.workers.rollout.collective_share import CollectiveSender
+
+            self.sender = CollectiveSender(size, torch.device("cpu"), ray.util.get_node_ip_address())
+            return self.sender.group
+
+        def connect(self):
+            self.sender.connect()
+
+        def stage(self):
+            return self.sender.stage(self.tensors), self.peft_config
+
+        def send(self):
+            return self.sender.send()
+
+    gen = torch.Generator().manual_seed(1)
+    tensors = {}
+    for block in range(2):
+        for proj in ("to_q", "to_k", "to_v"):
+            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen)
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen)
+    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}
+    asyncio.run(weight_sync.push_lora_to_replicas([server], config, tensors))
+    host = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-lora-host"))
+
+    group = OneRankGroup(ray.remote(RankZero).remote(tensors, config))
+    assert asyncio.run(weight_sync.connect_weight_group(group, [server])) == 2
+    metrics = asyncio.run(weight_sync.push_lora(group, [server], weight_sync.COLLECTIVE))
+    assert metrics["sync/lora_modules_bound_min"] > 0
+    broadcast = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-lora-broadcast"))
+    assert torch.equal(broadcast.diffusion_output, host.diffusion_output)
+    ray.kill(group.rank)

@@ -337,22 +337,24 @@ class OmniRolloutEngine:
         await self._require_engine().abort(request_ids)
 
     async def load_lora_tensors(
-        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None
+        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None, broadcast=None
     ) -> list[str]:
         """Make an in-memory adapter the one every generation uses; returns the modules it binds.
 
-        The adapter comes as host ``tensors``, or as ``shared``: a list of
+        The adapter comes as host ``tensors``; or as ``shared``: a list of
         :class:`~verl_omni.workers.rollout.device_share.SharedTensors` (one per sender GPU) that each worker
-        opens by CUDA IPC on its own GPU. It gets a new id (vLLM-Omni caches adapters by id), is probed in the
+        opens by CUDA IPC on its own GPU; or as ``broadcast``: the
+        :class:`~verl_omni.workers.rollout.collective_share.BroadcastTensors` of the buffer the sender broadcasts
+        through the weight group meanwhile. It gets a new id (vLLM-Omni caches adapters by id), is probed in the
         worker, and only then replaces the previous one (removed). An adapter binding no module is removed and
         raises ``ValueError``.
         """
-        if (tensors is None) == (shared is None):
-            raise ValueError("load_lora_tensors takes the adapter as host tensors or as shared tensors, one of them")
+        if sum(given is not None for given in (tensors, shared, broadcast)) != 1:
+            raise ValueError("load_lora_tensors takes the adapter as host, shared or broadcast tensors, one of them")
         async with self._lora_lock:
-            return await self._swap_lora(peft_config, tensors, shared)
+            return await self._swap_lora(peft_config, tensors, shared, broadcast)
 
-    async def _swap_lora(self, peft_config: dict[str, Any], tensors, shared) -> list[str]:
+    async def _swap_lora(self, peft_config: dict[str, Any], tensors, shared, broadcast) -> list[str]:
         from vllm.lora.request import LoRARequest
 
         from verl_omni.workers.rollout.vllm_omni.lora import in_memory_lora_path
@@ -369,9 +371,13 @@ class OmniRolloutEngine:
         fields = {**request, "peft_config": dict(peft_config)}
         if shared is not None:
             fields["shared_tensors"] = list(shared)
+            names = shared[0].names
+        elif broadcast is not None:
+            fields["broadcast_tensors"] = broadcast
+            names = broadcast.names
         else:
             fields["lora_tensors"] = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-        names = [entry[0] for entry in shared[0].layout] if shared is not None else sorted(tensors)
+            names = sorted(tensors)
         added = _flatten(await self.collective_rpc("verl_omni_add_lora", fields))
         if not added or not all(added):
             raise RuntimeError(f"vLLM-Omni did not load LoRA adapter {adapter_id} (per worker: {added})")
@@ -389,6 +395,22 @@ class OmniRolloutEngine:
         self.active_lora = LoRARequest(**request)
         logger.info("LoRA adapter %d active, bound to %d modules", adapter_id, len(bound))
         return bound
+
+    # ---- the weight group (verl_omni.workers.rollout.collective_share) ----------------------------
+
+    async def worker_count(self) -> int:
+        """The diffusion worker processes of this engine (each is a member of the weight group)."""
+        return len(_flatten(await self.collective_rpc("verl_omni_worker_rank")))
+
+    async def join_weight_group(self, group, first_rank: int) -> None:
+        """Every diffusion worker joins the weight ``group`` as member ``first_rank`` + its rank (returns once the
+        whole group, the sender included, has joined)."""
+        if sum(self._diffusion_stages()) > 1:
+            raise NotImplementedError(
+                f"{self.model_path}: the weight group numbers one diffusion stage's workers; this engine has "
+                f"{sum(self._diffusion_stages())}"
+            )
+        await self.collective_rpc("verl_omni_join_weight_group", group, first_rank)
 
     # ---- full-weight sync (verl_omni.workers.rollout.weight_buckets) ---------------------------
 

@@ -179,11 +179,20 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         return await self.omni.request_batch_sizes()
 
     async def load_lora_tensors(
-        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None
+        self, peft_config: dict[str, Any], tensors: dict[str, torch.Tensor] | None = None, shared=None, broadcast=None
     ) -> int:
-        """Push an in-memory LoRA adapter, as host ``tensors`` or as CUDA IPC handles ``shared`` (one per sender GPU,
-        ``device_share``); returns how many modules it binds (never 0: that raises)."""
-        return len(await self.omni.load_lora_tensors(peft_config, tensors, shared))
+        """Push an in-memory LoRA adapter, as host ``tensors``, as CUDA IPC handles ``shared`` (one per sender GPU,
+        ``device_share``) or as the layout of the buffer broadcast through the weight group (``collective_share``);
+        returns how many modules it binds (never 0: that raises)."""
+        return len(await self.omni.load_lora_tensors(peft_config, tensors, shared, broadcast))
+
+    async def worker_count(self) -> int:
+        """This replica's rollout worker processes (members of the weight group, ``collective_share``)."""
+        return await self.omni.worker_count()
+
+    async def join_weight_group(self, group, first_rank: int) -> None:
+        """Join the weight group: the workers as members ``first_rank``, ``first_rank + 1``, ..."""
+        await self.omni.join_weight_group(group, first_rank)
 
     async def begin_weight_sync(self, version: int, count: int) -> None:
         """Open full-weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``)."""

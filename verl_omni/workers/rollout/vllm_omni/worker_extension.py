@@ -4,7 +4,8 @@ Installed through ``worker_extension_cls``; vLLM-Omni mixes it into its worker c
 methods are callable through ``AsyncOmni.collective_rpc``. It keeps the custom-pipeline
 re-initialisation of vLLM-Omni's ``CustomPipelineWorkerExtension`` and, at worker start, builds
 the LoRA manager that accepts in-memory tensors; it also receives full weights in checked buckets
-(:mod:`~verl_omni.workers.rollout.weight_buckets`).
+(:mod:`~verl_omni.workers.rollout.weight_buckets`), and joins the weight group through which actor rank 0
+broadcasts them between separate pools (:mod:`~verl_omni.workers.rollout.collective_share`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import torch
 from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
 
-from verl_omni.workers.rollout import device_share
+from verl_omni.workers.rollout import collective_share, device_share
 from verl_omni.workers.rollout.vllm_omni.lora import TensorLoRAManager, TensorLoRARequest
 from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError, WeightSyncReceiver
 
@@ -42,14 +43,19 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
     def verl_omni_add_lora(self, fields: dict) -> list[bool]:
         """Register the in-memory adapter given by ``TensorLoRARequest`` fields (see ``OmniRolloutEngine``); its
         tensors come as ``lora_tensors`` on the host or as ``shared_tensors`` opened here by CUDA IPC and copied
-        on this GPU (the sender frees its buffer once the sync is over)."""
+        on this GPU (the sender frees its buffer once the sync is over), or as ``broadcast_tensors`` received here
+        from the weight group (the adapter's tensors are views of this worker's own buffer)."""
         fields = dict(fields)
         shared = fields.pop("shared_tensors", None)
+        broadcast = fields.pop("broadcast_tensors", None)
         if shared is not None:
             views = device_share.open_shared(shared)
             fields["lora_tensors"] = {name: view.clone() for name, view in views.items()}
             del views
             torch.cuda.synchronize()
+        elif broadcast is not None:
+            buffer = collective_share.receive(self._weight_group(), broadcast, self.device)
+            fields["lora_tensors"] = collective_share.open_received(buffer, broadcast)
         return [self.lora_manager.add_adapter(TensorLoRARequest(**fields))]
 
     def verl_omni_lora_binding(self, adapter_id: int) -> list[dict]:
@@ -60,6 +66,24 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
     def verl_omni_request_batch_sizes(self) -> list[int]:
         """Requests per transformer batch of every rollout forward so far, in order."""
         return list(getattr(self.model_runner.pipeline, "request_batch_sizes", []))
+
+    # ---- the weight group (verl_omni.workers.rollout.collective_share) ----------------------------
+
+    def verl_omni_worker_rank(self) -> list[int]:
+        """This worker's rank in its stage (the engine counts its workers with it)."""
+        return [self.rank]
+
+    def verl_omni_join_weight_group(self, group: collective_share.WeightGroup, first_rank: int) -> list[dict]:
+        """Join ``group`` as member ``first_rank`` + this worker's rank (while the sender and every other worker
+        join), on this worker's device; kept for every later sync."""
+        self._weight_group_member = collective_share.join(group, first_rank + self.rank, self.device)
+        return [{}]
+
+    def _weight_group(self):
+        member = getattr(self, "_weight_group_member", None)
+        if member is None:
+            raise RuntimeError("this rollout worker has not joined a weight group (join_weight_group runs first)")
+        return member
 
     # ---- full-weight sync (verl_omni.workers.rollout.weight_buckets) ---------------------------
 
@@ -94,8 +118,13 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
         return self._sync_call(lambda: self._weight_sync.begin(version, count))
 
     def verl_omni_load_weight_bucket(self, fields: dict) -> list[dict]:
-        """Check and load one :class:`WeightBucket` (given as its ``to_fields``)."""
-        return self._sync_call(lambda: {"loaded": self._receiver().receive(WeightBucket(**fields))})
+        """Check and load one :class:`WeightBucket` (given as its ``to_fields``). A broadcast bucket's buffer is
+        received first, before any check: the sender's broadcast waits for every worker."""
+        bucket = WeightBucket(**fields)
+        received = None
+        if bucket.broadcast is not None:
+            received = collective_share.receive(self._weight_group(), bucket.broadcast, self.device)
+        return self._sync_call(lambda: {"loaded": self._receiver().receive(bucket, received)})
 
     def verl_omni_finish_weight_sync(self, version: int) -> list[dict]:
         """Close sync ``version``: ``{"buckets", "bytes", "params"}`` or ``{"error"}`` (a bucket lost or unloaded)."""
