@@ -53,7 +53,7 @@ from bench_models import (  # noqa: E402
     build_replay_model,
     replay_batch_fn,
 )
-from rollout_throughput import engine_kwargs, time_rounds  # noqa: E402
+from rollout_throughput import engine_kwargs, profiled_request, profiler_kwargs, time_rounds  # noqa: E402
 
 logger = logging.getLogger("model_throughput")
 
@@ -112,43 +112,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.cfg, args.requests = [model.cfg], 1
     args.profiled = {}
     return args
-
-
-def profile_folder(args, name: str) -> Path:
-    return Path(args.out).resolve().parent / "profile" / name
-
-
-def profiler_kwargs(args, name: str) -> dict:
-    """The engine's torch profiler (vLLM's ``ProfilerConfig``) when ``--profile``: no stacks, no gzip, tables kept."""
-    if not args.profile:
-        return {}
-    folder = profile_folder(args, name)
-    folder.mkdir(parents=True, exist_ok=True)
-    config = {"profiler": "torch", "torch_profiler_dir": str(folder), "torch_profiler_with_stack": False}
-    return {"profiler_config": config | {"torch_profiler_use_gzip": False}}
-
-
-async def profiled_request(args, engine, name: str, call) -> float:
-    """Seconds of one request run under the engine's profiler (started before, stopped after it).
-
-    The profiler writes into a timestamped folder; its table and gzipped trace are copied up to
-    ``profile/{name}_profiler_out.txt`` and ``profile/{name}_trace.json.gz`` (a device run's ``$OUT``
-    returns shallow files only)."""
-    import gzip
-    import shutil
-
-    await engine.start_profile(profile_prefix=name)
-    start = time.perf_counter()
-    await call()
-    seconds = time.perf_counter() - start
-    await engine.stop_profile()
-    folder = profile_folder(args, name)
-    for table in folder.rglob("profiler_out_*.txt"):
-        shutil.copy(table, folder.parent / f"{name}_profiler_out.txt")
-    for trace in folder.rglob("trace*.json"):
-        with trace.open("rb") as src, gzip.open(folder.parent / f"{name}_trace.json.gz", "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    return seconds
 
 
 async def time_ours(args, model_path: Path, pipeline: str | None) -> float:

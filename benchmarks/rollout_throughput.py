@@ -12,6 +12,9 @@ Modes (all the same prompt, size and steps; ``--cfg`` lists the true-CFG scales 
 * ``stock``: vLLM-Omni's own Qwen-Image pipeline, one request with ``num_outputs_per_prompt=N``;
 * ``diffusers``: diffusers' ``QwenImagePipeline`` at batch N.
 
+``--profile`` runs one more batched request under the engine's torch profiler after the timed rounds (a table
+of the worker's ops and a trace, in ``profile/`` beside ``--out``).
+
 ``--thin RATIO`` (with ``--window-range R0 R1``, R1 < steps) adds ``concurrent_thin`` / ``batched_thin`` rows on
 the same engine: the same requests with the ODE after the window range thinned (``ode_solver=dpmsolver++``,
 ``ode_post_window_ratio=RATIO``; docs/rollout.md); their ``model_calls`` per image are fewer, the recorded
@@ -86,6 +89,43 @@ def engine_kwargs(args) -> dict:
     return {"enforce_eager": not args.compile} if args.device == "cuda" else {}
 
 
+def profile_folder(args, name: str) -> Path:
+    return Path(args.out).resolve().parent / "profile" / name
+
+
+def profiler_kwargs(args, name: str) -> dict:
+    """The engine's torch profiler (vLLM's ``ProfilerConfig``) when ``--profile``: no stacks, no gzip, tables kept."""
+    if not args.profile:
+        return {}
+    folder = profile_folder(args, name)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"profiler": "torch", "torch_profiler_dir": str(folder), "torch_profiler_with_stack": False}
+    return {"profiler_config": config | {"torch_profiler_use_gzip": False}}
+
+
+async def profiled_request(args, engine, name: str, call) -> float:
+    """Seconds of one request run under the engine's profiler (started before, stopped after it).
+
+    The profiler writes into a timestamped folder; its table and gzipped trace are copied up to
+    ``profile/{name}_profiler_out.txt`` and ``profile/{name}_trace.json.gz`` (a device run's ``$OUT``
+    returns shallow files only)."""
+    import gzip
+    import shutil
+
+    await engine.start_profile(profile_prefix=name)
+    start = time.perf_counter()
+    await call()
+    seconds = time.perf_counter() - start
+    await engine.stop_profile()
+    folder = profile_folder(args, name)
+    for table in folder.rglob("profiler_out_*.txt"):
+        shutil.copy(table, folder.parent / f"{name}_profiler_out.txt")
+    for trace in folder.rglob("trace*.json"):
+        with trace.open("rb") as src, gzip.open(folder.parent / f"{name}_trace.json.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    return seconds
+
+
 async def time_rounds(
     modes: dict, cfgs: list[float], repeats: int, stat: str = "mean"
 ) -> dict[tuple[str, float], float]:
@@ -115,8 +155,14 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
     tokenizer = Qwen2Tokenizer.from_pretrained(model_path, subfolder="tokenizer")
     ids, neg = prompt_token_ids(tokenizer, PROMPT), prompt_token_ids(tokenizer, NEGATIVE)
     extra = {"custom_pipeline": pipeline} if pipeline else {}
+    profiled = args.profile and "batched" in modes
     engine = OmniRolloutEngine(
-        str(model_path), dtype=args.dtype, max_batch_requests=max_seqs, **extra, **engine_kwargs(args)
+        str(model_path),
+        dtype=args.dtype,
+        max_batch_requests=max_seqs,
+        **extra,
+        **engine_kwargs(args),
+        **(profiler_kwargs(args, "batched") if profiled else {}),
     )
     start = time.perf_counter()
     engine.start()
@@ -149,6 +195,10 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
     try:
         seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats, args.stat)
         logger.info("requests per transformer batch: %s", (await engine.request_batch_sizes())[-8:])
+        if profiled:
+            cfg = args.cfg[-1]
+            wall = await profiled_request(args, engine._require_engine(), "batched", lambda: batched(cfg, 0))
+            logger.info("profiled batched cfg=%g request: %.3f s (tables under %s)", cfg, wall, args.out)
         return seconds
     finally:
         engine.shutdown()
@@ -218,8 +268,10 @@ def time_diffusers(args, model_path: Path) -> dict:
     return asyncio.run(time_rounds({"diffusers": run}, args.cfg, args.repeats, args.stat))
 
 
-def transformer_tflop_per_image(args, model_path: Path) -> float:
-    """FLOPs of one transformer forward for one image (no CFG), counted on a meta-device copy."""
+def transformer_tflop_per_image(args, model_path: Path) -> dict[str, float]:
+    """TFLOPs of one transformer forward for one image (no CFG), counted on a meta-device copy, by class: ``matmul``
+    (the linear layers' ``addmm``/``mm``), ``attention`` (on the meta device attention runs as its math form, whose
+    two ``bmm`` are QKᵀ and PV; the transformer has no other ``bmm``) and ``other``."""
     from diffusers import QwenImageTransformer2DModel
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import Qwen2Tokenizer
@@ -239,7 +291,35 @@ def transformer_tflop_per_image(args, model_path: Path) -> float:
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         model(hidden, text, mask, timestep, img_shapes=[(1, side, side)], return_dict=False)
-    return counter.get_total_flops() / 1e12
+    by_class = {"matmul": 0.0, "attention": 0.0, "other": 0.0}
+    for op, flops in counter.get_flop_counts()["Global"].items():
+        name = str(op)
+        label = "attention" if name.endswith(".bmm") else "matmul" if name.endswith(("mm", "addmm")) else "other"
+        by_class[label] += flops / 1e12
+    return by_class
+
+
+def kernel_breakdown(args, tflop_by_class: dict[str, float], ceiling: float) -> dict:
+    """The profiled batched request's GPU time by kernel class, and its matmuls' and attention's TFLOP/s."""
+    from kernel_profile import achieved, load_events, summarize
+
+    trace = profile_folder(args, "batched").parent / "batched_trace.json.gz"
+    summary = summarize(load_events(trace))
+    cfg = args.cfg[-1]
+    forwards = args.n * args.requests * model_calls(args, "batched") * (2 if cfg > 1 else 1)
+    work = {label: tflop_by_class[label] * forwards for label in ("matmul", "attention")}
+    summary["achieved"] = achieved(summary, work, ceiling)
+    for label, seconds in sorted(summary["kernel_s"].items(), key=lambda kv: -kv[1]):
+        rate = summary["achieved"].get(label)
+        logger.info(
+            "profile: %-11s %.3f s (%.1f%% of the GPU span)%s",
+            label,
+            seconds,
+            100 * summary["share_of_span"][label],
+            f", {rate['tflops']:.0f} TFLOP/s = {100 * rate['fraction_of_ceiling']:.1f}% of the ceiling" if rate else "",
+        )
+    logger.info("profile: GPU span %.3f s, idle %.3f s", summary["gpu_span_s"], summary["idle_s"])
+    return summary
 
 
 def build_model(args, workdir: Path) -> Path:
@@ -274,8 +354,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=float,
         help="also time the ODE after R1 thinned to this ode_post_window_ratio with dpmsolver++ (needs --window-range)",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed rounds, one more batched request (the last --cfg) under the engine's torch profiler "
+        "(the worker's ops, CPU and CUDA): its table and trace under profile/ next to --out",
+    )
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
+    if args.profile and not (args.out and "batched" in args.modes):
+        parser.error("--profile profiles a batched request and writes next to the JSON: pass --out and mode batched")
     if args.full_size and args.device != "cuda":
         parser.error("--full-size needs --device cuda (the transformer alone is ~40 GB in bf16)")
     args.steps = args.steps or (50 if args.full_size else 8)
@@ -321,7 +409,8 @@ def main(argv=None) -> dict:
             seconds |= asyncio.run(time_stock_engine(args, model_path, stock_pipeline))
         if "diffusers" in args.modes:
             seconds |= time_diffusers(args, model_path)
-        tflop = transformer_tflop_per_image(args, model_path)
+        tflop_by_class = transformer_tflop_per_image(args, model_path)
+    tflop = sum(tflop_by_class.values())
     dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
     ceiling = matmul_ceiling_tflops(torch.device(args.device), dtype, 8192 if args.device == "cuda" else 1024)
     rows = []
@@ -350,6 +439,8 @@ def main(argv=None) -> dict:
         "transformer_tflop_per_image_step": round(tflop, 3),
         "matmul_ceiling_tflops": round(ceiling, 1),
     }
+    if args.profile and args.device == "cuda":  # a CPU trace has no kernels to class
+        result["profile"] = kernel_breakdown(args, tflop_by_class, ceiling)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result))

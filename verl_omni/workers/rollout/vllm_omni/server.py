@@ -15,7 +15,8 @@ from typing import Any
 import ray
 import torch
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-from verl.single_controller.ray import RayResourcePool
+from verl.single_controller.base import Worker
+from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool
 from verl.utils.device import get_device_name
 from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
@@ -264,6 +265,14 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         return None
 
 
+class RolloutDeviceHolder(Worker):
+    """What a standalone replica places on each of its GPUs: verl's standalone replica (separate pools) puts one
+    worker per GPU, to hold the device's bundle and tell the server its node and device id. verl's own worker there
+    (``CheckpointEngineWorker``) also builds a rollout adapter for verl's weight-update path, and finds none for
+    ``vllm_omni`` (the run stopped at start: "Rollout vllm_omni with mode async not found"); the diffusion rollout
+    takes its weights through its server (``weight_sync``), so the holder does nothing else."""
+
+
 class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
     """A verl rollout replica whose servers are :class:`vLLMOmniHttpServer` actors.
 
@@ -281,6 +290,10 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
 
     def _get_server_name_prefix(self) -> str:
         return "vllm_omni_"
+
+    def get_ray_class_with_init_args(self) -> RayClassWithInitArgs:
+        """A standalone replica's per-GPU workers: :class:`RolloutDeviceHolder`, not verl's weight-update worker."""
+        return RayClassWithInitArgs(cls=ray.remote(RolloutDeviceHolder))
 
     def _server_name(self, node_rank: int) -> str:
         return f"{self._get_server_name_prefix()}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
