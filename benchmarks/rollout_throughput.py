@@ -437,6 +437,7 @@ def main(argv=None) -> dict:
         "size": args.size,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "transformer_tflop_per_image_step": round(tflop, 3),
+        "transformer_tflop_by_class": {label: round(value, 3) for label, value in tflop_by_class.items()},
         "matmul_ceiling_tflops": round(ceiling, 1),
     }
     if args.profile and args.device == "cuda":  # a CPU trace has no kernels to class
