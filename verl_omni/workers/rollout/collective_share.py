@@ -56,23 +56,9 @@ class WeightGroup:
     backend: str
 
 
-@dataclass(frozen=True)
-class BroadcastTensors:
-    """One packed buffer on its way through the group, as a receiver needs it before the bytes arrive.
-
-    Args:
-        layout (`tuple`): ``(name, dtype name, shape, byte offset)`` of each tensor (``device_share.pack``).
-        nbytes (`int`): the buffer's length (what the receiver allocates).
-        checksum (`int`): ``device_share.device_checksum`` of the buffer as the sender packed it.
-    """
-
-    layout: tuple[tuple[str, str, tuple[int, ...], int], ...]
-    nbytes: int
-    checksum: int
-
-    @property
-    def names(self) -> list[str]:
-        return [entry[0] for entry in self.layout]
+# one packed buffer on its way through the group, as a receiver needs it before the bytes arrive: the layout and
+# length it allocates and unpacks by, the checksum the sender computed (``device_share``)
+BroadcastTensors = device_share.PackedTensors
 
 
 def backend_for(device: torch.device) -> str:

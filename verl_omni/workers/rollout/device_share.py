@@ -35,20 +35,15 @@ POSITION_MULTIPLIER = 0x9E3779B1
 
 
 @dataclass(frozen=True)
-class SharedTensors:
-    """One packed device buffer as another process on the same GPU opens it.
+class PackedTensors:
+    """What a receiver needs to read a packed buffer (:func:`pack`) and check it, whichever way its bytes travel.
 
     Args:
-        device_uuid (`str`): the sender's GPU, as ``torch.cuda.get_device_properties(i).uuid`` prints it.
-        handle (`tuple`): ``torch.multiprocessing.reductions.reduce_tensor`` of the buffer: its rebuild function
-            and arguments (argument 6 is the device index, which the receiver replaces by its own).
         layout (`tuple`): ``(name, dtype name, shape, byte offset)`` of each tensor in the buffer.
         nbytes (`int`): the buffer's length.
         checksum (`int`): :func:`device_checksum` of the buffer as sent.
     """
 
-    device_uuid: str
-    handle: tuple
     layout: tuple[tuple[str, str, tuple[int, ...], int], ...]
     nbytes: int
     checksum: int
@@ -56,6 +51,21 @@ class SharedTensors:
     @property
     def names(self) -> list[str]:
         return [entry[0] for entry in self.layout]
+
+
+@dataclass(frozen=True)
+class SharedTensors(PackedTensors):
+    """One packed device buffer as another process on the same GPU opens it.
+
+    Args:
+        device_uuid (`str`): the sender's GPU, as ``torch.cuda.get_device_properties(i).uuid`` prints it.
+        handle (`tuple`): ``torch.multiprocessing.reductions.reduce_tensor`` of the buffer: its rebuild function
+            and arguments (argument 6 is the device index, which the receiver replaces by its own).
+        (and :class:`PackedTensors`' layout, length and checksum)
+    """
+
+    device_uuid: str = ""
+    handle: tuple = ()
 
 
 def device_uuid(device: torch.device) -> str:
@@ -103,7 +113,9 @@ def share(tensors: Mapping[str, torch.Tensor], device: torch.device) -> tuple[Sh
 
     buffer, layout = pack(tensors, device)
     torch.cuda.synchronize(device)
-    shared = SharedTensors(device_uuid(device), reduce_tensor(buffer), layout, buffer.numel(), device_checksum(buffer))
+    shared = SharedTensors(
+        layout, buffer.numel(), device_checksum(buffer), device_uuid=device_uuid(device), handle=reduce_tensor(buffer)
+    )
     return shared, buffer
 
 
