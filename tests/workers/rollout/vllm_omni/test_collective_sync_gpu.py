@@ -12,7 +12,13 @@ import os
 
 import pytest
 import torch
-from test_rollout_engine_gpu import BUCKET_BYTES, SAMPLING, ZERO_LORA_PIXEL_BOUND, prompt_ids
+from test_rollout_engine_gpu import (
+    BUCKET_BYTES,
+    SAMPLING,
+    ZERO_LORA_PIXEL_BOUND,
+    base_and_perturbed_weights,
+    prompt_ids,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -106,20 +112,10 @@ def test_full_weights_over_nccl_change_the_image_and_the_base_restores_it(
 ):
     """Before any LoRA (a LoRA-wrapped engine refuses full weights): perturbed weights broadcast from GPU 0 move the
     image made on GPU 1, the checkpoint's own weights bring it back; a buffer changed after its checksum is refused."""
-    from diffusers import QwenImageTransformer2DModel
-
     from verl_omni.workers.rollout.weight_buckets import WeightSyncError
 
     base = _image(loop, engine, ids, "nccl-base")
-    transformer = QwenImageTransformer2DModel.from_pretrained(
-        tiny_qwen_image_bf16_path, subfolder="transformer", torch_dtype=torch.bfloat16
-    )
-    weights = {name: t.detach().to("cuda:0") for name, t in transformer.state_dict().items()}
-    gen = torch.Generator(device="cuda:0").manual_seed(0)
-    moved = {
-        name: t + 0.05 * torch.randn(t.shape, generator=gen, device="cuda:0", dtype=t.dtype)
-        for name, t in weights.items()
-    }
+    weights, moved = base_and_perturbed_weights(tiny_qwen_image_bf16_path, "cuda:0")
     report, buckets = _broadcast_sync(loop, engine, sender, moved, version=1)
     assert buckets > 1 and report["params"] > 0
     moved_diff = (_image(loop, engine, ids, "nccl-moved").int() - base.int()).abs().max().item()

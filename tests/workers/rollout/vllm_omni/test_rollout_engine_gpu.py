@@ -76,26 +76,33 @@ def _shared_sync(loop, engine, weights, version):
     return report, len(plan)
 
 
+def base_and_perturbed_weights(model_path, device: str) -> tuple[dict, dict]:
+    """The tiny checkpoint's transformer weights on ``device`` (bf16), and a seeded perturbation of them that moves
+    the image well past bf16 noise."""
+    from diffusers import QwenImageTransformer2DModel
+
+    transformer = QwenImageTransformer2DModel.from_pretrained(
+        model_path, subfolder="transformer", torch_dtype=torch.bfloat16
+    )
+    weights = {name: t.detach().to(device) for name, t in transformer.state_dict().items()}
+    gen = torch.Generator(device=device).manual_seed(0)
+    moved = {
+        name: t + 0.05 * torch.randn(t.shape, generator=gen, device=device, dtype=t.dtype)
+        for name, t in weights.items()
+    }
+    return weights, moved
+
+
 def test_full_weights_through_cuda_ipc_change_the_image_and_the_base_restores_it(
     loop, bf16_engine, ids, tiny_qwen_image_bf16_path
 ):
     """Before any LoRA (a LoRA-wrapped engine refuses full weights): perturbed weights by CUDA IPC move the image, the
     checkpoint's own weights by CUDA IPC bring it back; a buffer changed after it was shared is refused."""
-    from diffusers import QwenImageTransformer2DModel
-
     from verl_omni.workers.rollout import device_share
     from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError
 
     base = _image(loop, bf16_engine, ids, "ipc-base")
-    transformer = QwenImageTransformer2DModel.from_pretrained(
-        tiny_qwen_image_bf16_path, subfolder="transformer", torch_dtype=torch.bfloat16
-    )
-    weights = {name: t.detach().to("cuda") for name, t in transformer.state_dict().items()}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    moved = {
-        name: t + 0.05 * torch.randn(t.shape, generator=gen, device="cuda", dtype=t.dtype)
-        for name, t in weights.items()
-    }
+    weights, moved = base_and_perturbed_weights(tiny_qwen_image_bf16_path, "cuda")
     report, buckets = _shared_sync(loop, bf16_engine, moved, version=1)
     assert buckets > 1 and report["params"] > 0
     moved_diff = (_image(loop, bf16_engine, ids, "ipc-moved").int() - base.int()).abs().max().item()
