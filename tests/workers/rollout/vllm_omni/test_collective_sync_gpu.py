@@ -17,6 +17,7 @@ from test_rollout_engine_gpu import (
     SAMPLING,
     ZERO_LORA_PIXEL_BOUND,
     base_and_perturbed_weights,
+    lora,
     prompt_ids,
 )
 
@@ -136,14 +137,7 @@ def test_full_weights_over_nccl_change_the_image_and_the_base_restores_it(
 def test_lora_over_nccl_gives_the_host_syncs_image(loop, engine, sender, ids):
     """After the full-weight test (a LoRA wraps layers for good): the same adapter as host tensors and broadcast over
     NCCL makes the same image."""
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for block in range(2):
-        for proj in ("to_q", "to_k", "to_v"):
-            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen) * 2.0
-    config = {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}
+    config, tensors = lora(2.0)
     base = _image(loop, engine, ids, "nccl-lora-base")
     assert len(loop.run(engine.load_lora_tensors(config, tensors))) > 0
     host_image = _image(loop, engine, ids, "nccl-lora-host")

@@ -76,6 +76,19 @@ def _shared_sync(loop, engine, weights, version):
     return report, len(plan)
 
 
+def lora(scale: float) -> tuple[dict, dict[str, torch.Tensor]]:
+    """``(peft_config, tensors)``: a seeded rank-4 LoRA on the tiny transformer's q/k/v, its B scaled by ``scale``
+    (0: an adapter that changes nothing)."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for block in range(2):
+        for proj in ("to_q", "to_k", "to_v"):
+            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen) * 0.5
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen) * scale
+    return {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}, tensors
+
+
 def base_and_perturbed_weights(model_path, device: str) -> tuple[dict, dict]:
     """The tiny checkpoint's transformer weights on ``device`` (bf16), and a seeded perturbation of them that moves
     the image well past bf16 noise."""
@@ -130,16 +143,6 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     def one(request_id):
         (out,) = loop.run(bf16_engine.engine_call(prompt, SAMPLING, request_id, negative_prompt_token_ids=negative))
         return out.diffusion_output
-
-    def lora(scale):
-        gen = torch.Generator().manual_seed(0)
-        tensors = {}
-        for block in range(2):
-            for proj in ("to_q", "to_k", "to_v"):
-                prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
-                tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen) * 0.5
-                tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen) * scale
-        return {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}, tensors
 
     base = one("lora-base")
     # the same request twice without a LoRA: the engine itself reproduces the image bit for bit
