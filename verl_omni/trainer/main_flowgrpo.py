@@ -79,6 +79,10 @@ def init_ray(config: DictConfig, device: str) -> None:
     for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
         if os.environ.get(name):
             runtime_env["env_vars"][name] = os.environ[name]
+    # actor ranks and rollout workers share NCCL weight groups (collective_share): NCCL fails a group whose ranks
+    # disagree on cuMem buffers ("Cuda failure 'invalid argument'"), and verl gives the rollout servers
+    # NCCL_CUMEM_ENABLE=0 (its CUDA platform's rollout_env_vars), so every worker gets the same value
+    runtime_env["env_vars"].setdefault("NCCL_CUMEM_ENABLE", os.environ.get("NCCL_CUMEM_ENABLE", "0"))
     # each Ray worker drops the third-party noise of its imports, as this process does (docs/development.md)
     runtime_env["worker_process_setup_hook"] = "verl_omni.utils.console.quiet_third_party_output"
     # a busy machine can miss Ray's fixed 30 s node start-up wait: bounded attempts (utils/ray_start.py)
