@@ -20,6 +20,12 @@ the same engine: the same requests with the ODE after the window range thinned (
 ``ode_post_window_ratio=RATIO``; docs/rollout.md); their ``model_calls`` per image are fewer, the recorded
 windows are the same.
 
+``--lora-rank R`` (``--lora-alpha``, default 2R) adds a ``batched_lora`` row on the same engine: the batched
+requests with a seeded random adapter of rank R on the recipe's targets (``weight_sync.recipe_lora``), pushed once
+before the warm-up as the trainer's host sync does (``load_lora_tensors``). Its rounds alternate with the plain
+ones, which keep vLLM-Omni's LoRA layers but no active adapter (each ``batched_lora`` round re-activates it: a
+copy into the layers' buffers). Its FLOP fraction counts the base transformer's FLOPs only.
+
 Each (mode, cfg) is warmed up once, then timed over ``--repeats`` rounds; modes sharing an engine
 alternate round by round. Every row also reports the fraction of the FLOP limit: the measured
 bf16/fp32 matmul ceiling divided by the transformer FLOPs per image (``FlopCounterMode`` on a
@@ -28,6 +34,7 @@ meta-device copy, × steps, × 2 with CFG). The last stdout line is one JSON obj
     python benchmarks/rollout_throughput.py                      # CPU, tiny random model, fp32
     python benchmarks/rollout_throughput.py --device cuda --full-size --n 16 --steps 50 --cfg 1 4
     python benchmarks/rollout_throughput.py --modes batched --steps 10 --window-range 0 5 --thin 0.7 --cfg 1
+    python benchmarks/rollout_throughput.py --modes batched --steps 4 --n 2 --lora-rank 4 --cfg 1 --repeats 1
 
 ``--full-size``: the real Qwen-Image transformer and VAE with random bf16 weights filled on the GPU
 (no weight file, see ``random_weights.py``), the tiny model's text encoder.
@@ -178,10 +185,15 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
         ]
         await asyncio.gather(*calls)
 
-    async def batched(cfg, r, thin=False):
+    async def batched(cfg, r, thin=False, lora=None):
         calls = [
             engine.engine_call(
-                ids, sampling(args, cfg, 1000 * r + 100 * k, thin), f"b{cfg}-{r}-{k}-{thin}", args.n, negative(cfg)
+                ids,
+                sampling(args, cfg, 1000 * r + 100 * k, thin),
+                f"b{cfg}-{r}-{k}-{thin}-{lora is not None}",
+                args.n,
+                negative(cfg),
+                lora_request=lora,
             )
             for k in range(args.requests)
         ]
@@ -193,6 +205,10 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
         runs |= {f"{m}_thin": functools.partial(runs[m], thin=True) for m in ("concurrent", "batched")}
         modes = [name for m in modes for name in (m, f"{m}_thin") if name in runs]
     try:
+        if args.lora_rank and "batched" in modes:
+            # the same seeds with the adapter, alternating with the plain rounds on this engine
+            runs["batched_lora"] = functools.partial(batched, lora=await push_lora(args, engine, model_path))
+            modes.insert(modes.index("batched") + 1, "batched_lora")
         seconds = await time_rounds({m: runs[m] for m in modes}, args.cfg, args.repeats, args.stat)
         logger.info("requests per transformer batch: %s", (await engine.request_batch_sizes())[-8:])
         if profiled:
@@ -202,6 +218,25 @@ async def time_log_prob_engine(args, model_path: Path, pipeline: str | None, max
         return seconds
     finally:
         engine.shutdown()
+
+
+async def push_lora(args, engine, model_path: Path):
+    """Push the seeded random recipe LoRA (module docstring) as the trainer's host sync does; returns its tensor-free
+    request for the ``batched_lora`` rounds and leaves no adapter active for the others."""
+    from weight_sync import recipe_lora
+
+    config, tensors = recipe_lora(model_path, args.lora_rank, args.lora_alpha, torch.device(args.device))
+    start = time.perf_counter()
+    bound = await engine.load_lora_tensors(config, tensors)
+    logger.info(
+        "LoRA r=%d alpha=%g pushed in %.2f s, bound to %d layers",
+        args.lora_rank,
+        args.lora_alpha,
+        time.perf_counter() - start,
+        len(bound),
+    )
+    lora, engine.active_lora = engine.active_lora, None
+    return lora
 
 
 async def time_stock_engine(args, model_path: Path, pipeline: str | None) -> dict:
@@ -360,10 +395,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="after the timed rounds, one more batched request (the last --cfg) under the engine's torch profiler "
         "(the worker's ops, CPU and CUDA): its table and trace under profile/ next to --out",
     )
+    parser.add_argument(
+        "--lora-rank",
+        type=int,
+        help="also time a batched_lora row: the batched requests with a random LoRA of this rank on the recipe's "
+        "target modules, loaded in memory (its FLOP fraction counts the base transformer's FLOPs only)",
+    )
+    parser.add_argument("--lora-alpha", type=float, help="the LoRA's alpha (default 2 x --lora-rank)")
     parser.add_argument("--out", help="also write the JSON result here")
     args = parser.parse_args(argv)
     if args.profile and not (args.out and "batched" in args.modes):
         parser.error("--profile profiles a batched request and writes next to the JSON: pass --out and mode batched")
+    if args.lora_rank is not None:
+        if args.lora_rank < 1 or "batched" not in args.modes:
+            parser.error("--lora-rank R (R >= 1) adds a row beside the batched mode: pass --modes batched")
+        args.lora_alpha = args.lora_alpha or 2 * args.lora_rank
     if args.full_size and args.device != "cuda":
         parser.error("--full-size needs --device cuda (the transformer alone is ~40 GB in bf16)")
     args.steps = args.steps or (50 if args.full_size else 8)
@@ -435,6 +481,7 @@ def main(argv=None) -> dict:
         "steps": args.steps,
         "stat": args.stat,
         "size": args.size,
+        "lora": {"rank": args.lora_rank, "alpha": args.lora_alpha} if args.lora_rank else None,
         "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "transformer_tflop_per_image_step": round(tflop, 3),
         "transformer_tflop_by_class": {label: round(value, 3) for label, value in tflop_by_class.items()},
