@@ -9,6 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
+# the project's own modules as bytecode too (setup_env.sh compiles the installed stack): with
+# PYTHONDONTWRITEBYTECODE set no process would write them, and every Ray worker imports verl_omni
+.venv/bin/python -m compileall -q verl_omni benchmarks >/dev/null
 set +e
 .venv/bin/python -m pytest tests -m "not gpu" -n 2 --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
