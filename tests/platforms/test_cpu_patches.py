@@ -24,6 +24,46 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT >= cpu_patches.OUTPUT_READY_TIMEOUT_S > 30.0
     cpu_patches.apply_all()
     assert DiffusionEngine._dummy_run is dummy_run
+    from vllm_omni.diffusion.executor import multiproc_executor
+
+    assert isinstance(multiproc_executor.mp, cpu_patches._ForkedWorkerStart)
+
+
+def _report_worker_start(queue) -> None:
+    """A stand-in worker main: runs parallel-sized torch ops and reports how it was started."""
+    import multiprocessing
+
+    import torch
+
+    x = torch.randn(512, 512)
+    _ = (x @ x).sum() + torch.nn.functional.conv2d(torch.randn(1, 8, 32, 32), torch.randn(8, 8, 3, 3)).sum()
+    queue.put((multiprocessing.current_process()._start_method, torch.get_num_threads()))
+
+
+def test_forked_workers_compute_after_the_parent_used_its_thread_pool():
+    """A worker started the way the patched executor starts one is a fork (it inherits this process's imports)
+    and computes although this process ran OpenMP-parallel torch ops first (a forked child that kept the parent's
+    thread count hung in its first one: libgomp's pool does not survive a fork)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1024, 1024)
+        assert float((x @ x).abs().sum()) > 0  # this process's OpenMP pool is now in use
+        start = cpu_patches._ForkedWorkerStart()
+        start.set_start_method("spawn", force=True)  # what vLLM-Omni's executor calls: ignored
+        queue = start._context.Queue()
+        worker = start.Process(target=_report_worker_start, args=(queue,), daemon=True)
+        worker.start()
+        worker.join(120)
+        alive = worker.is_alive()
+        if alive:
+            worker.kill()
+        assert not alive and worker.exitcode == 0, "the forked worker hung or failed in its first torch op"
+    finally:
+        torch.set_num_threads(threads)
+    assert queue.get(timeout=10) == ("fork", 1)
 
 
 def test_output_ready_wait_keeps_a_longer_wait_an_engine_start_set_first(monkeypatch):

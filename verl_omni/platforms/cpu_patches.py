@@ -307,12 +307,67 @@ def patch_output_ready_wait() -> None:
     logger.info("verl_omni CPU patch applied: DiffusionEngine output-ready wait %.0f s", OUTPUT_READY_TIMEOUT_S)
 
 
+# ---- diffusion workers: forked from the engine's process, not spawned -------------------------
+
+
+def _forked_worker_main(target, *args) -> None:
+    """In a forked diffusion worker: torch on one thread, then vLLM-Omni's worker main ``target``.
+
+    The engine's process has usually run torch ops on GNU OpenMP's thread pool before (a test's earlier
+    work, a server's loading); libgomp's pool does not survive a fork, and the child's first parallel region
+    waits forever on threads that do not exist. On one thread torch opens no OpenMP team (the tiny CPU
+    models lose nothing; the cores are shared with the other processes of a run anyway)."""
+    import torch
+
+    torch.set_num_threads(1)
+    target(*args)
+
+
+class _ForkedWorkerStart:
+    """What vLLM-Omni's executor module calls ``mp``, from the fork context: its forced spawn is ignored and
+    each worker process runs :func:`_forked_worker_main` around its target."""
+
+    def __init__(self) -> None:
+        import multiprocessing
+
+        self._context = multiprocessing.get_context("fork")
+
+    def set_start_method(self, method: str, force: bool = False) -> None:
+        """The executor's ``mp.set_start_method("spawn", force=True)``: a no-op, its workers are forked."""
+
+    def Event(self):  # noqa: N802 (multiprocessing's name)
+        return self._context.Event()
+
+    def Pipe(self, duplex: bool = True):  # noqa: N802 (multiprocessing's name)
+        return self._context.Pipe(duplex)
+
+    def Process(self, target, args=(), **kwargs):  # noqa: N802 (multiprocessing's name)
+        return self._context.Process(target=_forked_worker_main, args=(target, *args), **kwargs)
+
+
+def patch_forked_workers() -> None:
+    """Gap: vLLM-Omni 0.26 ``MultiprocDiffusionExecutor._launch_workers`` forces the ``spawn`` start method, so each
+    diffusion worker re-imports torch, vLLM, vLLM-Omni and diffusers (about 34 CPU-seconds per engine start on the
+    CI machine, a quarter of the CPU suite's CPU). Spawn is what CUDA needs; on CPU a fork of the engine's process,
+    which has imported all of it already, starts in a fraction of that. Patched: the executor module's
+    ``multiprocessing`` is the fork context (:class:`_ForkedWorkerStart`). Remove once vLLM-Omni lets a platform
+    choose its workers' start method."""
+    if "forked_workers" in _applied:
+        return
+    from vllm_omni.diffusion.executor import multiproc_executor
+
+    multiproc_executor.mp = _ForkedWorkerStart()
+    _applied.add("forked_workers")
+    logger.info("verl_omni CPU patch applied: diffusion workers forked")
+
+
 PATCHES = {
     "async_output_loop": patch_async_output_loop,
     "output_ready_wait": patch_output_ready_wait,
     "batch_output_split": patch_batch_output_split,
     "sdpa_dispatch": patch_sdpa_dispatch,
     "engine_warmup": patch_engine_warmup,
+    "forked_workers": patch_forked_workers,
 }
 
 

@@ -1,10 +1,12 @@
 """The vLLM-Omni rollout on the real engine (CPU platform plugin, tiny random Qwen-Image).
 
 One engine per module (fixtures in ``tests/workers/conftest.py``): it runs our log-prob pipeline
-and worker extension in spawned worker processes, exactly as the rollout server runs it.
+and worker extension in the engine's worker processes (forked on the CPU platform), exactly as the rollout
+server runs it.
 """
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +53,26 @@ def test_generate_returns_image_log_probs_trajectory_and_embeds(loop, engine, pr
     assert bool((extra["all_timesteps"][1:] < extra["all_timesteps"][:-1]).all())
     assert extra["prompt_embeds"].ndim == 2 and extra["prompt_embeds_mask"].shape == extra["prompt_embeds"].shape[:1]
     assert "negative_prompt_embeds" in extra and "negative_prompt_embeds_mask" in extra
+
+
+def _load_address(pid: int | str, library: str = "libtorch_cpu.so") -> int:
+    """Where ``library`` is mapped in process ``pid``."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if line.endswith(library):
+            return int(line.split("-", 1)[0], 16)
+    raise AssertionError(f"{library} is not mapped in process {pid}")
+
+
+def test_the_engines_diffusion_workers_are_forks_of_this_process(engine):
+    """On the CPU platform the engine forks its diffusion workers (``cpu_patches.patch_forked_workers``): they
+    keep this process's memory layout, torch at the same address. A spawned worker is a new program whose
+    libraries land at addresses of its own (address-space randomization)."""
+    import psutil
+
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0", "needs ASLR to tell them apart"
+    workers = [p for p in psutil.Process().children() if "DiffusionWorker" in " ".join(p.cmdline())]
+    assert workers, "no diffusion worker among this process's children"
+    assert [_load_address(worker.pid) for worker in workers] == [_load_address("self")] * len(workers)
 
 
 def test_same_seed_same_image_other_seed_other_image(loop, engine, prompts):
