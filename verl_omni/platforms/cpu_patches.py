@@ -16,6 +16,7 @@ import inspect
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -335,10 +336,17 @@ _forking = threading.local()
 
 
 def _freeze_before_fork() -> None:
-    """``os.register_at_fork(before=...)``: in the thread that starts a forked worker, the collector off and every
-    object the parent tracks frozen (moved to the permanent generation), at the last moment before ``fork()``."""
+    """``os.register_at_fork(before=...)``, in the thread that starts a forked worker, at the last moment before
+    ``fork()``: ``sys.stdout``/``sys.stderr`` flushed (which waits out another thread's write, so the child does
+    not inherit a stream's lock held by a thread it lacks; multiprocessing flushes them too, a little earlier), the
+    collector off and every object the parent tracks frozen (moved to the permanent generation)."""
     if not getattr(_forking, "active", False):
         return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # None, or closed
+            pass
     _forking.gc_state = (gc.isenabled(), gc.get_freeze_count() > 0)
     gc.disable()
     gc.freeze()
@@ -358,7 +366,8 @@ def _unfreeze_in_parent() -> None:
 
 
 def _forked() -> None:
-    """``after_in_child``: the worker's main thread (a copy of the starting thread) starts no worker of ours."""
+    """``after_in_child``: the worker's main thread (a copy of the starting thread) starts no worker of ours. (The
+    parent's other threads' objects are not freed in the worker: their lost stacks still hold them.)"""
     _forking.active = False
     _forking.gc_state = None
 
@@ -372,7 +381,8 @@ class _FrozenForkProcess:
     A fork copies the parent's garbage (unreachable cycles its collector had not reached yet) but none of the
     parent's other threads. The child's first ``gc.collect()`` (vLLM's ``DeviceMemoryProfiler`` at model load)
     ran a finalizer of such garbage that waited on a lock or a thread of the parent, forever (the full suite's
-    hang: two forked workers on a futex in ``gc.collect()``, 0.7 CPU-seconds in). With everything frozen at the
+    hang: two forked workers on a futex in ``gc.collect()``, 0.7 CPU-seconds in; a fork of a Ray driver that
+    collected inherited ``ObjectRef`` cycles crashed the node's raylet here). With everything frozen at the
     fork (``gc.freeze``, as CPython's docs advise before a fork), the child's collector sees only the objects the
     child made; the parent's garbage is left to the parent. The freeze and the unfreeze run in fork hooks
     (``os.register_at_fork``), in the starting thread only, so no other thread's fork is touched."""
