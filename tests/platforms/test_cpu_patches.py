@@ -1,7 +1,9 @@
 """The CPU patches of vLLM-Omni internals: applied on the version they were written for, skipped loudly
 on any other, and the engine-start settings they read checked before an engine sees them."""
 
+import gc
 import logging
+import threading
 
 import pytest
 
@@ -24,6 +26,105 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert diffusion_engine._ASYNC_OUTPUT_TIMEOUT >= cpu_patches.OUTPUT_READY_TIMEOUT_S > 30.0
     cpu_patches.apply_all()
     assert DiffusionEngine._dummy_run is dummy_run
+    from vllm_omni.diffusion.executor import multiproc_executor
+
+    assert isinstance(multiproc_executor.mp, cpu_patches._ForkedWorkerStart)
+
+
+def _report_worker_start(queue) -> None:
+    """A stand-in worker main: runs parallel-sized torch ops and reports how it was started."""
+    import multiprocessing
+
+    import torch
+
+    x = torch.randn(512, 512)
+    _ = (x @ x).sum() + torch.nn.functional.conv2d(torch.randn(1, 8, 32, 32), torch.randn(8, 8, 3, 3)).sum()
+    queue.put((multiprocessing.current_process()._start_method, torch.get_num_threads()))
+
+
+def test_forked_workers_compute_after_the_parent_used_its_thread_pool():
+    """A worker started the way the patched executor starts one is a fork (it inherits this process's imports)
+    and computes although this process ran OpenMP-parallel torch ops first (a forked child that kept the parent's
+    thread count hung in its first one: libgomp's pool does not survive a fork)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1024, 1024)
+        assert float((x @ x).abs().sum()) > 0  # this process's OpenMP pool is now in use
+        start = cpu_patches._ForkedWorkerStart()
+        start.set_start_method("spawn", force=True)  # what vLLM-Omni's executor calls: ignored
+        queue = start._context.Queue()
+        worker = start.Process(target=_report_worker_start, args=(queue,), daemon=True)
+        worker.start()
+        worker.join(120)
+        alive = worker.is_alive()
+        if alive:
+            worker.kill()
+        assert not alive and worker.exitcode == 0, "the forked worker hung or failed in its first torch op"
+    finally:
+        torch.set_num_threads(threads)
+    assert queue.get(timeout=10) == ("fork", 1)
+
+
+class _WaitsOnLockWhenFinalized:
+    """Garbage whose finalizer takes a lock: a cycle, so only the collector frees it (as a grpc or asyncio object
+    a Ray actor left unreachable would wait on a lock of one of its threads)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.cycle = self
+
+    def __del__(self) -> None:
+        with self.lock:
+            pass
+
+
+def _collect_and_report(queue) -> None:
+    """A stand-in worker main: what vLLM's ``DeviceMemoryProfiler`` does first at model load."""
+    import gc
+
+    gc.collect()
+    queue.put(("collected", gc.isenabled()))
+
+
+def test_forked_workers_never_finalize_the_parents_garbage():
+    """The parent's garbage at the fork is frozen in the worker (``gc.freeze``): a worker's ``gc.collect()`` does
+    not run a finalizer that waits on a lock another thread of the parent held at the fork (that thread does
+    not exist in the fork: the full suite's hang at model load). The parent's own collector is back on after."""
+    lock = threading.Lock()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            release.wait(120)
+
+    enabled = gc.isenabled()
+    gc.disable()  # the garbage below must still be there at the fork
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        _WaitsOnLockWhenFinalized(lock)
+        start = cpu_patches._ForkedWorkerStart()
+        queue = start._context.Queue()
+        worker = start.Process(target=_collect_and_report, args=(queue,), daemon=True)
+        worker.start()
+        assert gc.get_freeze_count() == 0 and not gc.isenabled()  # this process: unfrozen, as the test left it
+        worker.join(60)
+        alive = worker.is_alive()
+        if alive:
+            worker.kill()
+        assert not alive and worker.exitcode == 0, "the forked worker hung in gc.collect() on the parent's garbage"
+        assert queue.get(timeout=10) == ("collected", True)  # the worker's collector is on, as a spawned one's
+    finally:
+        release.set()
+        holder.join(10)
+        gc.collect()  # the lock is free now: this process finalizes its garbage itself
+        if enabled:
+            gc.enable()
 
 
 def test_output_ready_wait_keeps_a_longer_wait_an_engine_start_set_first(monkeypatch):

@@ -3,7 +3,7 @@
 vLLM-Omni 0.26 has no CPU platform and vLLM falls back to its ``UnspecifiedPlatform`` on a
 CUDA-build torch without a GPU. These plugins let the real engines run a tiny model on CPU
 (tests, the default local run). They are discovered through entry points (declared in
-``pyproject.toml``), so they also load in the engine's spawned worker processes.
+``pyproject.toml``), so they also load in the engine's worker processes (spawned on a GPU).
 
 Selection: ``VERL_OMNI_CPU_PLATFORM=1`` forces the CPU platforms, ``=0`` disables them, unset
 (the default) enables them only when no accelerator is detected, so a GPU machine is

@@ -1,10 +1,12 @@
 """The vLLM-Omni rollout on the real engine (CPU platform plugin, tiny random Qwen-Image).
 
 One engine per module (fixtures in ``tests/workers/conftest.py``): it runs our log-prob pipeline
-and worker extension in spawned worker processes, exactly as the rollout server runs it.
+and worker extension in the engine's worker processes (forked on the CPU platform), exactly as the rollout
+server runs it.
 """
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,6 +53,29 @@ def test_generate_returns_image_log_probs_trajectory_and_embeds(loop, engine, pr
     assert bool((extra["all_timesteps"][1:] < extra["all_timesteps"][:-1]).all())
     assert extra["prompt_embeds"].ndim == 2 and extra["prompt_embeds_mask"].shape == extra["prompt_embeds"].shape[:1]
     assert "negative_prompt_embeds" in extra and "negative_prompt_embeds_mask" in extra
+
+
+def _load_address(pid: int | str, library: str = "libtorch_cpu.so") -> int | None:
+    """Where ``library`` is mapped in process ``pid`` (None: not mapped)."""
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        if line.endswith(library):
+            return int(line.split("-", 1)[0], 16)
+    return None
+
+
+def test_the_engines_diffusion_workers_are_forks_of_this_process(engine):
+    """On the CPU platform the engine forks its diffusion workers (``cpu_patches.patch_forked_workers``): they
+    keep this process's memory layout, torch at the same address. A spawned worker is a new program whose
+    libraries land at addresses of its own (address-space randomization). The workers are found as this
+    process's children that loaded torch, not by their title (a forked worker's ``DiffusionWorker`` title did not
+    always replace its parent's command line: seen in the model benchmark's test, which sets an environment variable)."""
+    import psutil
+
+    assert Path("/proc/sys/kernel/randomize_va_space").read_text().strip() != "0", "needs ASLR to tell them apart"
+    addresses = [_load_address(child.pid) for child in psutil.Process().children()]
+    workers = [address for address in addresses if address is not None]
+    assert workers, "no child of this process loaded torch: where is the engine's diffusion worker?"
+    assert workers == [_load_address("self")] * len(workers)
 
 
 def test_same_seed_same_image_other_seed_other_image(loop, engine, prompts):

@@ -222,7 +222,7 @@ class OmniRolloutEngine:
         self._lora_lock = asyncio.Lock()
 
     def start(self) -> None:
-        """Launch the engine (spawns the diffusion worker processes); waits at most ``engine_start_timeout_s``."""
+        """Launch the engine (starts the diffusion worker processes); waits at most ``engine_start_timeout_s``."""
         from vllm_omni.entrypoints.async_omni import AsyncOmni
 
         try:
