@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from verl_omni.platforms import cpu_patches
+from verl_omni.platforms import cpu_patches, forked_workers
 
 
 def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
@@ -28,7 +28,7 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert DiffusionEngine._dummy_run is dummy_run
     from vllm_omni.diffusion.executor import multiproc_executor
 
-    assert isinstance(multiproc_executor.mp, cpu_patches._ForkedWorkerStart)
+    assert isinstance(multiproc_executor.mp, forked_workers.ForkedWorkerStart)
 
 
 def _report_worker_start(queue) -> None:
@@ -53,7 +53,7 @@ def test_forked_workers_compute_after_the_parent_used_its_thread_pool():
     try:
         x = torch.randn(1024, 1024)
         assert float((x @ x).abs().sum()) > 0  # this process's OpenMP pool is now in use
-        start = cpu_patches._ForkedWorkerStart()
+        start = forked_workers.ForkedWorkerStart()
         start.set_start_method("spawn", force=True)  # what vLLM-Omni's executor calls: ignored
         queue = start._context.Queue()
         worker = start.Process(target=_report_worker_start, args=(queue,), daemon=True)
@@ -108,7 +108,7 @@ def test_forked_workers_never_finalize_the_parents_garbage():
     try:
         assert holding.wait(10)
         _WaitsOnLockWhenFinalized(lock)
-        start = cpu_patches._ForkedWorkerStart()
+        start = forked_workers.ForkedWorkerStart()
         queue = start._context.Queue()
         worker = start.Process(target=_collect_and_report, args=(queue,), daemon=True)
         worker.start()
