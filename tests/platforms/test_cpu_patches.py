@@ -223,3 +223,20 @@ def test_the_general_plugin_installs_the_final_pixels_hook_off_the_cpu_platform_
         "print(diffusion_engine.get_diffusion_post_process_func.__name__, sorted(cpu_patches._applied))\n"
     )
     assert "post_process_lookup []" in fresh_python(code)
+
+
+def test_a_process_with_a_distributed_default_group_spawns_its_workers():
+    """A fork would inherit this process's ``torch.distributed`` default group and hang in its first collective (an
+    FSDP actor beside an in-process engine did): such a process spawns; without the group it forks again."""
+    import torch.distributed as dist
+
+    start = forked_workers.ForkedWorkerStart()
+    assert start.forks() and start.Process(target=print)._start_method == "fork"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert not start.forks()
+        assert start.Process(target=print)._start_method == "spawn"
+        assert start._context.get_start_method() == "spawn", "the executor's Event and Pipe from the same context"
+    finally:
+        dist.destroy_process_group()
+    assert start.forks()

@@ -9,9 +9,12 @@ so the child's collector never finalizes the parent's garbage (docs/development.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import sys
 import threading
+
+logger = logging.getLogger(__name__)
 
 
 def _forked_worker_main(target, *args) -> None:
@@ -101,18 +104,34 @@ class _FrozenForkProcess:
 
 
 class ForkedWorkerStart:
-    """What vLLM-Omni's executor module calls ``mp``, from the fork context: its forced spawn is ignored and
-    each worker process runs :func:`_forked_worker_main` around its target, forked with the parent's objects
-    frozen (:class:`_FrozenForkProcess`)."""
+    """What vLLM-Omni's executor module calls ``mp``: its forced spawn is ignored and each worker process runs
+    :func:`_forked_worker_main` around its target, forked with the parent's objects frozen
+    (:class:`_FrozenForkProcess`), unless this process has a ``torch.distributed`` default group (:meth:`forks`)."""
 
     def __init__(self) -> None:
         import multiprocessing
 
-        self._context = multiprocessing.get_context("fork")
-        self._process_class = type("FrozenForkProcess", (_FrozenForkProcess, self._context.Process), {})
+        self._fork = multiprocessing.get_context("fork")
+        self._spawn = multiprocessing.get_context("spawn")
+        self._process_class = type("FrozenForkProcess", (_FrozenForkProcess, self._fork.Process), {})
+
+    @staticmethod
+    def forks() -> bool:
+        """Whether a worker started now is forked. Not from a process with a ``torch.distributed`` default group
+        (a test that runs an FSDP actor beside an in-process engine): the fork inherits that group, vLLM's
+        distributed set-up then keeps it, and the worker's first collective (the RPC status gather) waits forever on
+        the parent's gloo threads, which a fork does not copy. Such a process spawns its workers, as vLLM-Omni does."""
+        import torch.distributed as dist
+
+        return not (dist.is_available() and dist.is_initialized())
+
+    @property
+    def _context(self):
+        """The context of the workers started now; the executor's ``Event`` and ``Pipe`` must come from it too."""
+        return self._fork if self.forks() else self._spawn
 
     def set_start_method(self, method: str, force: bool = False) -> None:
-        """The executor's ``mp.set_start_method("spawn", force=True)``: a no-op, its workers are forked."""
+        """The executor's ``mp.set_start_method("spawn", force=True)``: a no-op, :meth:`forks` decides."""
 
     def Event(self):  # noqa: N802 (multiprocessing's name)
         return self._context.Event()
@@ -121,4 +140,7 @@ class ForkedWorkerStart:
         return self._context.Pipe(duplex)
 
     def Process(self, target, args=(), **kwargs):  # noqa: N802 (multiprocessing's name)
+        if not self.forks():
+            logger.info("diffusion worker spawned, not forked: this process has a torch.distributed default group")
+            return self._spawn.Process(target=target, args=args, **kwargs)
         return self._process_class(target=_forked_worker_main, args=(target, *args), **kwargs)
