@@ -66,6 +66,7 @@ def resolve_builtin_paths(config: DictConfig) -> None:
 def init_ray(config: DictConfig, device: str) -> None:
     """Start a local Ray (or join ``ray_kwargs.ray_init.address``); workers import what this process imports."""
     import ray
+    from verl.plugin.platform import get_platform
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     from verl_omni.utils.ray_start import init_local_ray
@@ -79,10 +80,11 @@ def init_ray(config: DictConfig, device: str) -> None:
     for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
         if os.environ.get(name):
             runtime_env["env_vars"][name] = os.environ[name]
-    # actor ranks and rollout workers share NCCL weight groups (collective_share): NCCL fails a group whose ranks
-    # disagree on cuMem buffers ("Cuda failure 'invalid argument'"), and verl gives the rollout servers
-    # NCCL_CUMEM_ENABLE=0 (its CUDA platform's rollout_env_vars), so every worker gets the same value
-    runtime_env["env_vars"].setdefault("NCCL_CUMEM_ENABLE", os.environ.get("NCCL_CUMEM_ENABLE", "0"))
+    # actor ranks and rollout workers share NCCL weight groups (collective_share), whose members must agree on
+    # NCCL's settings: verl starts the rollout servers with its platform's rollout_env_vars (on CUDA
+    # NCCL_CUMEM_ENABLE=0; a mismatch fails the group with "Cuda failure 'invalid argument'"), so every worker gets them
+    for name, value in get_platform().rollout_env_vars().items():
+        runtime_env["env_vars"].setdefault(name, value)
     # each Ray worker drops the third-party noise of its imports, as this process does (docs/development.md)
     runtime_env["worker_process_setup_hook"] = "verl_omni.utils.console.quiet_third_party_output"
     # a busy machine can miss Ray's fixed 30 s node start-up wait: bounded attempts (utils/ray_start.py)
