@@ -12,12 +12,12 @@ import os
 
 import pytest
 import torch
+from lora_helpers import attention_lora
 from test_rollout_engine_gpu import (
     BUCKET_BYTES,
     SAMPLING,
     ZERO_LORA_PIXEL_BOUND,
     base_and_perturbed_weights,
-    lora,
     prompt_ids,
 )
 
@@ -137,7 +137,7 @@ def test_full_weights_over_nccl_change_the_image_and_the_base_restores_it(
 def test_lora_over_nccl_gives_the_host_syncs_image(loop, engine, sender, ids):
     """After the full-weight test (a LoRA wraps layers for good): the same adapter as host tensors and broadcast over
     NCCL makes the same image."""
-    config, tensors = lora(2.0)
+    config, tensors = attention_lora(2.0)
     base = _image(loop, engine, ids, "nccl-lora-base")
     assert len(loop.run(engine.load_lora_tensors(config, tensors))) > 0
     host_image = _image(loop, engine, ids, "nccl-lora-host")

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from lora_helpers import attention_lora
 
 H = W = 32
 STEPS = 4
@@ -241,19 +242,6 @@ def test_random_windows_thin_the_ode_after_the_window_range_and_record_the_unthi
         assert not torch.equal(t.diffusion_output, p.diffusion_output)
 
 
-def _attention_lora(scale: float, num_layers: int = 2, inner_dim: int = 64, rank: int = 4):
-    """A PEFT-named LoRA on the image-stream q/k/v projections (fused into to_qkv by vLLM-Omni)."""
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for layer in range(num_layers):
-        for proj in ("to_q", "to_k", "to_v"):
-            prefix = f"base_model.model.transformer_blocks.{layer}.attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, inner_dim, generator=gen) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(inner_dim, rank, generator=gen) * scale
-    config = {"r": rank, "lora_alpha": rank, "target_modules": ["to_q", "to_k", "to_v"]}
-    return config, tensors
-
-
 @pytest.fixture
 def lora_cleanup(loop, engine):
     yield
@@ -262,13 +250,13 @@ def lora_cleanup(loop, engine):
 
 def test_lora_push_changes_the_image_and_zero_lora_restores_it_exactly(loop, engine, prompts, lora_cleanup):
     (base,) = generate(loop, engine, prompts, request_id="lora-base")
-    config, tensors = _attention_lora(scale=2.0)
+    config, tensors = attention_lora(scale=2.0)
     bound = loop.run(engine.load_lora_tensors(config, tensors))
     assert len(bound) == 2  # the fused to_qkv of both blocks
     (adapted,) = generate(loop, engine, prompts, request_id="lora-on")
     assert not torch.equal(adapted.diffusion_output, base.diffusion_output)
 
-    zero_config, zero_tensors = _attention_lora(scale=0.0)
+    zero_config, zero_tensors = attention_lora(scale=0.0)
     loop.run(engine.load_lora_tensors(zero_config, zero_tensors))
     (restored,) = generate(loop, engine, prompts, request_id="lora-zero")
     assert torch.equal(restored.diffusion_output, base.diffusion_output)
@@ -284,7 +272,7 @@ def test_lora_whose_names_match_no_module_or_only_some_fails_loudly(loop, engine
         loop.run(engine.load_lora_tensors({"r": 4, "lora_alpha": 4, "target_modules": ["proj"]}, tensors))
     assert engine.active_lora is None
 
-    config, partial = _attention_lora(scale=1.0)
+    config, partial = attention_lora(scale=1.0)
     partial.update(tensors)
     with pytest.raises(ValueError, match="weights that bind no module"):
         loop.run(engine.load_lora_tensors(config, partial))

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from lora_helpers import attention_lora
 
 pytestmark = pytest.mark.gpu
 
@@ -76,19 +77,6 @@ def _shared_sync(loop, engine, weights, version):
     return report, len(plan)
 
 
-def lora(scale: float) -> tuple[dict, dict[str, torch.Tensor]]:
-    """``(peft_config, tensors)``: a seeded rank-4 LoRA on the tiny transformer's q/k/v, its B scaled by ``scale``
-    (0: an adapter that changes nothing)."""
-    gen = torch.Generator().manual_seed(0)
-    tensors = {}
-    for block in range(2):
-        for proj in ("to_q", "to_k", "to_v"):
-            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen) * 0.5
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen) * scale
-    return {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}, tensors
-
-
 def base_and_perturbed_weights(model_path, device: str) -> tuple[dict, dict]:
     """The tiny checkpoint's transformer weights on ``device`` (bf16), and a seeded perturbation of them that moves
     the image well past bf16 noise."""
@@ -147,9 +135,9 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     base = one("lora-base")
     # the same request twice without a LoRA: the engine itself reproduces the image bit for bit
     assert torch.equal(one("lora-base-again"), base)
-    assert len(loop.run(bf16_engine.load_lora_tensors(*lora(2.0)))) > 0
+    assert len(loop.run(bf16_engine.load_lora_tensors(*attention_lora(2.0)))) > 0
     lora_diff = (one("lora-on").int() - base.int()).abs().max().item()
-    loop.run(bf16_engine.load_lora_tensors(*lora(0.0)))
+    loop.run(bf16_engine.load_lora_tensors(*attention_lora(0.0)))
     zero = one("lora-zero")
     zero_diff = (zero.int() - base.int()).abs().max().item()
     print(f"max |pixel diff| vs no LoRA: LoRA {lora_diff}, zero LoRA {zero_diff}")
@@ -162,7 +150,7 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     # image holds after the sender's buffer is freed and its memory written over
     from verl_omni.workers.rollout import device_share
 
-    config, tensors = lora(2.0)
+    config, tensors = attention_lora(2.0)
     loop.run(bf16_engine.load_lora_tensors(config, tensors))
     host_image = one("lora-host")
     handle, buffer = device_share.share({n: t.to("cuda") for n, t in tensors.items()}, torch.device("cuda", 0))

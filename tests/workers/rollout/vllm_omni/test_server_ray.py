@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lora_helpers import attention_lora
 
 # above the engine start bound (engine_start_timeout_s, 1200 s): a start on a loaded machine may take most of it
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -73,18 +74,6 @@ def test_server_sleep_and_wake_up_are_no_ops_on_cpu(server, prompt_ids):
     assert torch.equal(before.diffusion_output, after.diffusion_output)
 
 
-def _random_lora(seed: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """A rank-4 LoRA on the q/k/v of the tiny transformer's two blocks (random, seeded) and its PEFT config."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for block in range(2):
-        for proj in ("to_q", "to_k", "to_v"):
-            prefix = f"base_model.model.transformer_blocks.{block}.attn.{proj}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(4, 64, generator=gen)
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(64, 4, generator=gen)
-    return tensors, {"r": 4, "lora_alpha": 4, "target_modules": ["to_q", "to_k", "to_v"]}
-
-
 def test_lora_push_to_every_replica_changes_the_image_and_a_bad_one_names_the_server(server, prompt_ids):
     import asyncio
 
@@ -92,7 +81,7 @@ def test_lora_push_to_every_replica_changes_the_image_and_a_bad_one_names_the_se
 
     from verl_omni.workers.rollout.weight_sync import push_lora_to_replicas
 
-    tensors, config = _random_lora(seed=0)
+    config, tensors = attention_lora(1.0, a_scale=1.0, seed=0)
 
     before = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-before-lora"))
     bound = asyncio.run(push_lora_to_replicas([server, server], config, tensors))
@@ -168,7 +157,7 @@ def test_collective_lora_sync_over_ray_joins_the_servers_workers_and_binds(serve
         def send(self):
             return self.sender.send()
 
-    tensors, config = _random_lora(seed=1)
+    config, tensors = attention_lora(1.0, a_scale=1.0, seed=1)
     asyncio.run(weight_sync.push_lora_to_replicas([server], config, tensors))
     host = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-lora-host"))
 
