@@ -6,9 +6,12 @@
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
 # The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
-# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md); one
-# 80 GB H100 does not (the engine's start ran out of GPU memory; with actor.engine.param_offload=true the
-# 128 GB host ran out, docs/perf/gpu.md "On one 80 GB H100");
+# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md). One
+# 80 GB GPU (an H100) holds them only with the actor's parameters and optimizer on the host between phases, and
+# the host needs ~150 GB free (measured peak 145.6 GB; a 128 GB host ran out); step 2 of a 4-prompt run took
+# 233 s (0.28 img/GPU/s, docs/perf/gpu.md "On one 80 GB H100"):
+#   bash examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh actor_rollout_ref.actor.engine.param_offload=true \
+#       actor_rollout_ref.actor.engine.optimizer_offload=true
 # more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
 # LoRA fp32; its transformer blocks are compiled (model.compile_transformer_blocks) and its forward-only
 # phases run 16 samples per forward; colocated on CUDA the LoRA reaches the rollout by CUDA IPC: one steady
