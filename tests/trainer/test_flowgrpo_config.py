@@ -60,7 +60,7 @@ BAD_CONFIGS = [
         "actor_rollout_ref.rollout.sde_type",
     ),
     (["algorithm=grpo_guard", "actor_rollout_ref.actor.use_rollout_log_probs=true"], "use_rollout_log_probs=false"),
-    (["actor_rollout_ref.model.lora.merge=true"], "model.lora.merge"),
+    (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.model.lora.merge=true"], "model.lora.merge=false"),
     (
         ["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"],
         "checkpoint_engine.update_weights_bucket_megabytes",
@@ -128,7 +128,7 @@ def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(co
     assert not ray.is_initialized()
 
 
-def test_full_fine_tuning_is_one_switch_with_its_kl_reference_and_bagel_refuses_it(compose, tiny_bagel_path):
+def test_full_fine_tuning_and_the_merged_lora_are_switches_and_bagel_refuses_both(compose, tiny_bagel_path):
     import ray
 
     from verl_omni.trainer.config.validation import validate_config
@@ -136,8 +136,12 @@ def test_full_fine_tuning_is_one_switch_with_its_kl_reference_and_bagel_refuses_
 
     configs = validate_config(compose("actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.kl_beta=0.04"))
     assert configs.model.lora_rank == 0 and configs.algorithm_cls.phases(configs.algorithm, configs.actor).reference
+    assert validate_config(compose("actor_rollout_ref.model.lora.merge=true")).model.lora.merge
     with pytest.raises(ValueError, match=r"actor_rollout_ref.model.lora.rank=0 \(full fine-tuning\)"):
         run_flowgrpo(compose("actor_rollout_ref.model.lora.rank=0", model=tiny_bagel_path))
+    # BAGEL's rollout takes no weight buckets, so it cannot take the merged LoRA either
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.model.lora.merge=true needs a full-weight sync"):
+        run_flowgrpo(compose("actor_rollout_ref.model.lora.merge=true", model=tiny_bagel_path))
     assert not ray.is_initialized()
 
 

@@ -35,6 +35,9 @@ MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", 
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
+    # SD3.5's run also serves its LoRA merged (model.lora.merge): the rollout runs plain linears, its log-probs still
+    # within the bound of the actor's, its validation images moved by the training
+    "sd3": ("actor_rollout_ref.model.lora.merge=true",),
     "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
     "wan2_2_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
@@ -47,7 +50,7 @@ STEPS = 2
 
 @pytest.fixture(scope="module", params=MODELS)
 def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_path_factory):
-    """``(run, records, model_path)`` of the 1 replica + 1 rank run of one model."""
+    """``(run, records, model_path, model)`` of the 1 replica + 1 rank run of one model."""
     model = tiny_model(request.param)
     out = tmp_path_factory.mktemp(f"one_{request.param}") / "run"
     records, wall = run_trainer(
@@ -63,7 +66,7 @@ def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_p
         *MODEL_ARGS.get(request.param, ()),
     )
     print(f"{request.param}: 1 replica + 1 rank, {STEPS} steps: {wall:.0f} s")
-    return out, records, model
+    return out, records, model, request.param
 
 
 def check_videos(run, model) -> None:
@@ -83,7 +86,7 @@ def check_videos(run, model) -> None:
 
 
 def test_one_replica_one_rank_trains_logs_and_syncs(one):
-    run, records, model = one
+    run, records, model, name = one
     check_summary(run, model, STEPS)
     check_videos(run, model)
     check_run(
@@ -91,6 +94,7 @@ def test_one_replica_one_rank_trains_logs_and_syncs(one):
         records,
         STEPS,
         extra_keys=("timing_s/old_log_prob", "old_log_prob/rollout_diff_max", "rollout/requests_per_engine_batch"),
+        merged_lora="actor_rollout_ref.model.lora.merge=true" in MODEL_ARGS.get(name, ()),
     )
     for record in records[1:]:
         assert record["data"]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
@@ -105,7 +109,7 @@ def test_one_replica_one_rank_trains_logs_and_syncs(one):
 
 
 def test_max_actor_ckpt_to_keep_keeps_only_the_newest_complete_checkpoint(one):
-    run, _, _ = one
+    run, *_ = one
     assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{STEPS}"]
     assert run_dir.checkpoint_problem(run / f"global_step_{STEPS}", world_size=1) is None
     assert (run / run_dir.TRACKER_FILE).read_text() == str(STEPS)

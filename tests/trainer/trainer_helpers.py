@@ -130,7 +130,6 @@ STEP_KEYS = (
     "actor/logprob_diff_max",
     "actor/pg_loss",
     "actor/grad_norm",
-    "sync/lora_modules_bound_min",
 )
 
 
@@ -152,15 +151,19 @@ def image_of(path: Path):
     return np.asarray(Image.open(path))
 
 
-def check_run(run: Path, records: list[dict], steps: int, extra_keys: tuple[str, ...]) -> None:
-    """Every step logged with the required keys, log-probs consistent, LoRA trained and synced."""
+def check_run(
+    run: Path, records: list[dict], steps: int, extra_keys: tuple[str, ...], merged_lora: bool = False
+) -> None:
+    """Every step logged with the required keys, log-probs consistent, LoRA trained and synced: as an adapter the
+    rollout binds, or (``merged_lora``, ``model.lora.merge``) merged into the weights, in buckets that wrote it."""
     metrics = by_step(records)
     assert sorted(metrics) == list(range(steps + 1)), "one record per step, step 0 = validation before training"
+    synced = "sync/merged_lora_params_written_min" if merged_lora else "sync/lora_modules_bound_min"
     for step in range(1, steps + 1):
-        missing = [k for k in STEP_KEYS + extra_keys if k not in metrics[step]]
+        missing = [k for k in (*STEP_KEYS, *extra_keys, synced) if k not in metrics[step]]
         assert not missing, f"step {step} lacks {missing}"
         assert metrics[step]["actor/logprob_diff_max"] <= LOGPROB_BOUND
-        assert metrics[step]["sync/lora_modules_bound_min"] > 0
+        assert metrics[step][synced] > 0
         assert metrics[step]["perf/images_per_s"] > 0
     # LoRA B starts at zero: a non-zero B is a trained LoRA
     assert lora_b_norm(run, steps) > 0

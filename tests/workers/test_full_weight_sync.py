@@ -225,6 +225,48 @@ def test_loaded_weights_change_the_samples_and_the_original_weights_restore_them
     assert all(torch.equal(r.diffusion_output, b.diffusion_output) for r, b in zip(restored, base, strict=True))
 
 
+def test_merged_lora_sync_samples_what_the_lora_actor_computes_and_refuses_an_unknown_name(
+    loop, engine, prompts, spec, process_group, tiny_qwen_image_path
+):
+    """``model.lora.merge``: a LoRA actor (random A and B, so the adapter moves the policy) sends its adapted linears'
+    merged weights as a partial sync; the rollout, serving no adapter, then samples with the log-probs the LoRA
+    actor replays (fp32, the bound of the adapter sync). A partial sync checks each name it sends instead of the
+    whole transformer: a name the rollout does not know fails it. Before the last test (which serves a LoRA)."""
+    from actor.actor_helpers import build_actor
+
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+    from verl_omni.workers.rollout.weight_buckets import WeightBucket, WeightSyncError
+
+    original = QwenImageTrainingAdapter.load_transformer(tiny_qwen_image_path).state_dict()
+    loop.run(engine.load_weights(original))
+    base = sample_group(loop, engine, prompts, "merged-base")
+    lora_actor = build_actor(tiny_qwen_image_path, lora_init=False, ppo_mini_batch_size=N)
+    plan = lora_actor.engine.weight_bucket_plan(BUCKET_BYTES)
+    names = [name for names in plan for name in names]
+    # the tiny model's default LoRA targets: the eight attention linears of each of its 2 blocks
+    assert len(names) == 16 and all(name.endswith(".weight") and ".attn." in name for name in names)
+    loop.run(engine.begin_weight_sync(20, len(plan), complete=False))
+    for index in range(len(plan)):
+        loaded = loop.run(engine.load_weight_bucket(bucket(lora_actor, plan, 20, index)))
+        assert loaded >= len(plan[index])
+    report = loop.run(engine.finish_weight_sync(20))
+    weights = dict(lora_actor.engine.module.named_parameters())
+    assert report["bytes"] == sum(weights[n.replace(".weight", ".base_layer.weight")].numel() * 4 for n in names)
+
+    merged = sample_group(loop, engine, prompts, "merged-after")
+    assert all(not torch.equal(m.diffusion_output, b.diffusion_output) for m, b in zip(merged, base, strict=True))
+    replayed = lora_actor.compute_log_prob(actor_batch(merged, torch.zeros(N)), spec)
+    diff = (replayed - torch.stack([o.rollout_log_probs for o in merged])).abs().max().item()
+    print(f"max |log π_actor(LoRA) − log π_rollout(merged)|: {diff:.2e}")
+    assert diff <= LOGPROB_BOUND
+
+    unknown = {"transformer_blocks.0.attn.to_nowhere.weight": torch.zeros(2, 2)}
+    loop.run(engine.begin_weight_sync(21, 1, complete=False))
+    with pytest.raises(WeightSyncError, match=r"to_nowhere.weight set no rollout parameter"):
+        loop.run(engine.load_weight_bucket(WeightBucket.build(21, 0, 1, unknown)))
+    loop.run(engine.load_weights(original))
+
+
 def test_a_rollout_that_served_a_lora_refuses_the_full_weight_sync_naming_why(loop, engine, actor, trained):
     """Last in the module: it leaves the engine with LoRA-wrapped layers. Without the refusal the sync would skip
     the wrapped layers' base weights and fail only at its end (``wrote 49 of the rollout's 61 parameters``)."""

@@ -100,6 +100,16 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
         )
 
 
+def _check_merge_lora(configs: FlowGRPOConfigs) -> None:
+    """The merged LoRA travels as full fine-tuning's buckets do: the model's rollout must take them."""
+    if configs.model.lora.merge and configs.model.adapter.rollout_weight_prefix is None:
+        raise ValueError(
+            f"actor_rollout_ref.model.lora.merge=true needs a full-weight sync to the rollout, which "
+            f"{configs.model.adapter.__name__} ({configs.model.path}) does not have yet: set "
+            "actor_rollout_ref.model.lora.merge=false (the rollout serves the adapter)"
+        )
+
+
 def _check_ema(configs: FlowGRPOConfigs) -> None:
     """The EMA of the weights averages the full transformer (``DiffusionActorConfig.ema_decay`` says why not a LoRA)."""
     if configs.actor.ema_decay > 0 and configs.model.lora.rank > 0:
@@ -186,6 +196,7 @@ def validate_config(config: DictConfig) -> FlowGRPOConfigs:
     _check_batches(config, configs)
     _check_phases(configs)
     _check_ema(configs)
+    _check_merge_lora(configs)
     _check_model(configs)
     _check_mode(configs)
     # a forced weight transport fits the placement (a null device is checked again once resolved)

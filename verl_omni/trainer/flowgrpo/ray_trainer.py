@@ -285,15 +285,16 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def _sync_weights(self, metrics: dict) -> None:
         """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
-        each replica binding them; with full fine-tuning the transformer in checksummed buckets. The transport is
-        the one :attr:`weight_transport` names (``weight_sync``)."""
+        each replica binding them (``model.lora.merge``: merged into the weights, in buckets); with full
+        fine-tuning the transformer in checksummed buckets. The transport is the one :attr:`weight_transport` names
+        (``weight_sync``)."""
         from verl_omni.workers.rollout import weight_sync
 
         start = time.perf_counter()
         if self.colocate:
             self._call_servers("wake_up")
         metrics["sync/wake_seconds"] = time.perf_counter() - start
-        if self.configs.model.lora.rank == 0:
+        if self.configs.model.lora.rank == 0 or self.configs.model.lora.merge:
             metrics.update(self._push_full_weights())
         else:
             self._connect_weight_group()
@@ -318,7 +319,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             self._weight_group_size = asyncio.run(weight_sync.connect_weight_group(self.actor_rollout_wg, servers))
 
     def _push_full_weights(self, ema: bool = False) -> dict[str, float]:
-        """The actor's transformer (``ema``: the EMA of its weights) to every replica in checked buckets."""
+        """The actor's transformer (``ema``: the EMA of its weights; a LoRA with ``model.lora.merge``: the merged
+        weights of the linears it adapts) to every replica in checked buckets."""
         from verl_omni.workers.rollout import weight_sync
 
         self._connect_weight_group()
@@ -326,7 +328,13 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         servers = self.llm_server_manager.server_handles
         return asyncio.run(
             weight_sync.push_full_weights(
-                self.actor_rollout_wg, servers, self.global_steps, bucket_bytes, ema, self.weight_transport
+                self.actor_rollout_wg,
+                servers,
+                self.global_steps,
+                bucket_bytes,
+                ema,
+                self.weight_transport,
+                merged_lora=self.configs.model.lora.rank > 0,
             )
         )
 

@@ -34,8 +34,11 @@ class DiffusionLoraConfig(BaseConfig):
         init_lora_weights (bool | str): peft init; True (B = 0, the policy starts as the base model),
             ``"gaussian"``, or False (random B, for tests only).
         dropout (float): LoRA dropout; Flow-GRPO uses 0 so that replay is deterministic.
-        merge (bool): export merged weights instead of LoRA tensors to the rollout (verl's ``lora.merge``); not
-            implemented, must stay false.
+        merge (bool): (verl's ``lora.merge``) send the rollout the adapted linears' weights with the LoRA merged in
+            (``W + alpha / r * B @ A``, rounded once to the rollout's dtype) instead of the adapter: the rollout runs
+            plain linears, 1.21x faster than serving the r64 adapter at the OCR recipe's shape (compiled, an H100).
+            Its log-probs then carry the merge's rounding too (logged each step, ``old_log_prob/rollout_diff_max``).
+            Needs rank > 0 and a model with a full-weight sync. Default False. docs/rollout.md.
     """
 
     rank: int = 32
@@ -56,10 +59,10 @@ class DiffusionLoraConfig(BaseConfig):
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.lora.dropout must be in [0, 1), got {self.dropout}")
-        if self.merge:
+        if self.merge and self.rank == 0:
             raise ValueError(
-                "model.lora.merge=true is not implemented: the rollout gets the LoRA as an adapter (rank > 0) or "
-                "full weights (rank = 0); set it false"
+                "model.lora.merge=true merges a LoRA into the rollout's weights, but model.lora.rank=0 trains the "
+                "full transformer (synced whole already): set model.lora.merge=false"
             )
 
 

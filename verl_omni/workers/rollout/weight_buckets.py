@@ -154,11 +154,14 @@ class WeightSyncReceiver:
     Args:
         load (`Callable[[list[tuple[str, torch.Tensor]]], set[str]]`): writes named tensors into the rollout
             model and returns the names of what it set (the pipeline's ``load_weights``, prefix applied).
-        expected (`Callable[[], set[str]]`): the parameter names of the rollout's module that a complete sync
-            must write (read when a sync starts).
+        expected (`Callable[[], set[str]]` or None): the parameter names of the rollout's module that a complete
+            sync must write (read when a sync ends); None: a partial sync (the merged LoRA's adapted linears,
+            ``model.lora.merge``), of which every name sent must set a rollout parameter instead.
     """
 
-    def __init__(self, load: Callable[[list[tuple[str, torch.Tensor]]], set[str]], expected: Callable[[], set[str]]):
+    def __init__(
+        self, load: Callable[[list[tuple[str, torch.Tensor]]], set[str]], expected: Callable[[], set[str]] | None
+    ):
         self.load = load
         self.expected = expected
         self.version: int | None = None
@@ -192,7 +195,9 @@ class WeightSyncReceiver:
         if bucket.index in self.received:
             raise WeightSyncError(f"bucket {bucket.index} of weight sync {bucket.version} arrived twice")
         tensors = self._checked_tensors(bucket, received)
-        loaded = self.load(list(tensors.items()))
+        loaded = set(self.load(list(tensors.items())))
+        if self.expected is None:
+            loaded |= self._each_name_loaded(bucket, tensors, loaded)
         del tensors  # shared buckets: views of the sender's GPU memory, let go before it frees them
         if not loaded:
             self.broken = f"bucket {bucket.index} loaded nothing"
@@ -205,6 +210,23 @@ class WeightSyncReceiver:
         self.loaded |= set(loaded)
         self.bytes += bucket.nbytes
         return len(loaded)
+
+    def _each_name_loaded(self, bucket: WeightBucket, tensors: dict[str, torch.Tensor], loaded: set[str]) -> set[str]:
+        """A partial sync has no list of parameters to check at the end, so each name sent must have set one: a name
+        the load reported (under any prefix) passes; one it did not is loaded alone, and must set something (a
+        loader may report only the fused parameter it wrote, e.g. ``to_qkv`` for ``to_q``)."""
+        reported = {".".join(parts[i:]) for parts in (name.split(".") for name in loaded) for i in range(len(parts))}
+        more: set[str] = set()
+        for name in (name for name in tensors if name not in reported):
+            alone = set(self.load([(name, tensors[name])]))
+            if not alone:
+                self.broken = f"bucket {bucket.index} loaded nothing for {name}"
+                raise WeightSyncError(
+                    f"bucket {bucket.index} of weight sync {bucket.version}: {name} set no rollout parameter (the "
+                    "rollout does not know this name)"
+                )
+            more |= alone
+        return more
 
     def _checked_tensors(self, bucket: WeightBucket, received: torch.Tensor | None) -> dict[str, torch.Tensor]:
         """The bucket's tensors once its checksum holds (a shared bucket: opened on this GPU and checked there; a
@@ -234,7 +256,8 @@ class WeightSyncReceiver:
         """Close sync ``version``: every bucket arrived and every expected parameter was written, else raise.
 
         Returns:
-            ``{"buckets", "bytes", "params"}``: what this sync delivered (params: expected names written).
+            ``{"buckets", "bytes", "params"}``: what this sync delivered (params: expected names written; a partial
+            sync: the names its loads reported).
         """
         if self.version != version:
             raise WeightSyncError(f"finish of weight sync {version}, but sync {self.version} is open")
@@ -249,6 +272,8 @@ class WeightSyncReceiver:
                 f"weight sync {version} lost buckets {missing_buckets} of {self.count}: the rollout holds a mix of "
                 "old and new weights"
             )
+        if self.expected is None:
+            return {"buckets": self.count, "bytes": self.bytes, "params": len(self.loaded)}
         expected = self.expected()
         unwritten = sorted(expected - self.loaded)
         if unwritten:

@@ -5,6 +5,9 @@ replica's server loads them as a new in-memory adapter and its probe returns how
 adapter binds. A replica whose adapter binds nothing would keep sampling from the old policy while
 every training metric looks healthy, so any failure fails the sync, naming the replica.
 
+A LoRA merged for the rollout (``model.lora.merge``): the adapted linears' ``W + scaling · B @ A`` travel as
+full fine-tuning's buckets do, and the rollout serves no adapter (``workers/engine/fsdp/lora_merge.py``).
+
 Full fine-tuning: the transformer travels in size-bounded, checksummed buckets
 (:mod:`~verl_omni.workers.rollout.weight_buckets`). The actor ranks gather one bucket at a time, at most two
 in flight (the next is gathered while the servers load one); each server checks and loads it in its workers,
@@ -122,20 +125,29 @@ async def push_lora_to_replicas(
 
 
 async def push_full_weights(
-    actor_wg: Any, servers: Sequence[Any], version: int, bucket_bytes: int, ema: bool = False, transport: str = HOST
+    actor_wg: Any,
+    servers: Sequence[Any],
+    version: int,
+    bucket_bytes: int,
+    ema: bool = False,
+    transport: str = HOST,
+    merged_lora: bool = False,
 ) -> dict[str, float]:
     """One checked full-weight sync from the actor worker group (``DiffusionActorWorker``) to every server; ``ema``:
     the EMA of the weights (``actor.ema_decay``) instead of the live ones, the same names and checks; ``transport``:
-    how each bucket travels (module docstring; ``collective`` needs :func:`connect_weight_group` done).
+    how each bucket travels (module docstring; ``collective`` needs :func:`connect_weight_group` done);
+    ``merged_lora``: a LoRA actor's merged weights of the linears it adapts (``model.lora.merge``), of which every
+    name must set a rollout parameter (the rest of the transformer is not sent).
 
-    Returns the ``sync/*`` metrics: buckets, megabytes, transformer parameters written per server (the least),
-    seconds. Raises ``WeightSyncError`` (a bucket corrupted, lost or unloaded) naming the server.
+    Returns the ``sync/full_weight_*`` metrics (``sync/merged_lora_*`` for a merged LoRA): buckets, megabytes,
+    transformer parameters written per server (the least), seconds. Raises ``WeightSyncError`` (a bucket corrupted,
+    lost or unloaded) naming the server.
     """
     if not servers:
         raise ValueError("push_full_weights got no rollout servers: launch the replicas first")
     start = time.perf_counter()
     plan = actor_wg.weight_bucket_plan(bucket_bytes)[0]
-    await _on_all(servers, "begin_weight_sync", version, len(plan))
+    await _on_all(servers, "begin_weight_sync", version, len(plan), not merged_lora)
 
     def gather(index: int):
         refs = actor_wg.get_weight_bucket(plan, version, index, ema, transport)
@@ -156,14 +168,13 @@ async def push_full_weights(
         if transport != HOST:
             actor_wg.release_shared()
     seconds = time.perf_counter() - start
-    logger.info(
-        "full weights synced to %d servers in %d buckets (%.1f s): %s", len(servers), len(plan), seconds, reports
-    )
+    what = "merged_lora" if merged_lora else "full_weight"
+    logger.info("%s synced to %d servers in %d buckets (%.1f s): %s", what, len(servers), len(plan), seconds, reports)
     return {
-        "sync/full_weight_buckets": float(len(plan)),
-        "sync/full_weight_megabytes": reports[0]["bytes"] / 2**20,
-        "sync/full_weight_params_written_min": float(min(report["params"] for report in reports)),
-        "sync/full_weight_seconds": seconds,
+        f"sync/{what}_buckets": float(len(plan)),
+        f"sync/{what}_megabytes": reports[0]["bytes"] / 2**20,
+        f"sync/{what}_params_written_min": float(min(report["params"] for report in reports)),
+        f"sync/{what}_seconds": seconds,
     }
 
 

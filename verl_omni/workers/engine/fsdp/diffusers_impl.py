@@ -46,7 +46,7 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
 from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.workers.engine.fsdp import checkpoint, old_adapter
+from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 from verl_omni.workers.utils.sample_mask import (
@@ -445,14 +445,14 @@ class DiffusersFSDPEngine(FSDPEngine):
         return iter(rollout_tensors.items()), config
 
     def weight_bucket_plan(self, bucket_bytes: int) -> list[list[str]]:
-        """Full fine-tuning: the transformer's tensor names in buckets of at most ``bucket_bytes`` (every rank
-        computes the same plan from the global shapes; :func:`~verl_omni.workers.rollout.weight_buckets.plan_buckets`)."""
+        """The names of the weights the rollout computes with, in buckets of at most ``bucket_bytes`` (every rank
+        computes the same plan from the global shapes; :func:`~verl_omni.workers.rollout.weight_buckets.plan_buckets`):
+        full fine-tuning, the whole transformer; a LoRA (``model.lora.merge``), the adapted linears' merged
+        weights (:mod:`.lora_merge`)."""
         from verl_omni.workers.rollout.weight_buckets import plan_buckets
 
         if self._is_lora:
-            raise RuntimeError(
-                "weight buckets carry full weights: the LoRA travels as an adapter (model.lora.rank > 0)"
-            )
+            return plan_buckets(lora_merge.merged_sizes(self.module), bucket_bytes)
         sizes = ((name, t.numel() * t.element_size()) for name, t in self.module.state_dict().items())
         return plan_buckets(sizes, bucket_bytes)
 
@@ -460,7 +460,10 @@ class DiffusersFSDPEngine(FSDPEngine):
         self, plan: list[list[str]], index: int, ema: bool = False, to_host: bool = True
     ) -> dict[str, torch.Tensor]:
         """The full tensors of bucket ``index`` of ``plan``, on CPU (``to_host=False``: the live weights on this
-        rank's device; ``ema``: the EMA's, on CPU, :mod:`.ema`). A collective: every rank gathers its shards."""
+        rank's device; ``ema``: the EMA's, on CPU, :mod:`.ema`; a LoRA: the merged weights, :mod:`.lora_merge`).
+        A collective: every rank gathers its shards."""
+        if self._is_lora and not ema:
+            return lora_merge.merged_weights(self.module, plan[index], to_host)
         if not ema:
             return checkpoint.gather_full_tensors(self.module, plan[index], to_host)
         if self.ema is None:

@@ -423,10 +423,11 @@ class OmniRolloutEngine:
             )
         return prefix
 
-    async def begin_weight_sync(self, version: int, count: int) -> None:
-        """Open sync ``version`` of ``count`` buckets in every diffusion worker."""
+    async def begin_weight_sync(self, version: int, count: int, complete: bool = True) -> None:
+        """Open sync ``version`` of ``count`` buckets in every diffusion worker; ``complete``: of the whole
+        transformer (else of some of its weights, the merged LoRA's: each name sent must set a parameter)."""
         _raise_sync_errors(
-            await self.collective_rpc("verl_omni_begin_weight_sync", version, count, self._weight_prefix())
+            await self.collective_rpc("verl_omni_begin_weight_sync", version, count, self._weight_prefix(), complete)
         )
 
     async def load_weight_bucket(self, bucket) -> int:
@@ -440,12 +441,15 @@ class OmniRolloutEngine:
         of the rollout's transformer was written. Returns the first worker's ``{"buckets", "bytes", "params"}``."""
         return _raise_sync_errors(await self.collective_rpc("verl_omni_finish_weight_sync", version))[0]
 
-    async def load_weights(self, weights: dict[str, torch.Tensor], version: int = 0, bucket_bytes: int = 1 << 30):
-        """Replace the transformer's weights (diffusers names) with ``weights``: one checked sync of buckets."""
+    async def load_weights(
+        self, weights: dict[str, torch.Tensor], version: int = 0, bucket_bytes: int = 1 << 30, complete: bool = True
+    ):
+        """Replace the transformer's weights (diffusers names) with ``weights``: one checked sync of buckets
+        (``complete=False``: some of them, each of which must set a parameter)."""
         from verl_omni.workers.rollout.weight_buckets import buckets_of
 
         buckets = list(buckets_of(version, weights, bucket_bytes))
-        await self.begin_weight_sync(version, len(buckets))
+        await self.begin_weight_sync(version, len(buckets), complete)
         for bucket in buckets:
             await self.load_weight_bucket(bucket)
         return await self.finish_weight_sync(version)

@@ -195,9 +195,10 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         """Join the weight group: the workers as members ``first_rank``, ``first_rank + 1``, ..."""
         await self.omni.join_weight_group(group, first_rank)
 
-    async def begin_weight_sync(self, version: int, count: int) -> None:
-        """Open full-weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``)."""
-        await self.omni.begin_weight_sync(version, count)
+    async def begin_weight_sync(self, version: int, count: int, complete: bool = True) -> None:
+        """Open weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``); ``complete``: of
+        the whole transformer, else of the merged LoRA's linears."""
+        await self.omni.begin_weight_sync(version, count, complete)
 
     async def load_weight_bucket(self, bucket) -> int:
         """Check and load one bucket of the open sync; returns how many rollout names it set."""

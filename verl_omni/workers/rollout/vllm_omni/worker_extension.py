@@ -87,9 +87,10 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
 
     # ---- full-weight sync (verl_omni.workers.rollout.weight_buckets) ---------------------------
 
-    def verl_omni_begin_weight_sync(self, version: int, count: int, prefix: str) -> list[dict]:
+    def verl_omni_begin_weight_sync(self, version: int, count: int, prefix: str, complete: bool = True) -> list[dict]:
         """Open sync ``version`` of ``count`` buckets whose names the pipeline loads under ``prefix``
-        (its component, e.g. ``transformer.``); every parameter of that component must be written."""
+        (its component, e.g. ``transformer.``); ``complete``: every parameter of that component must be written,
+        else (the merged LoRA's adapted linears) every name sent must set one."""
         pipeline = self.model_runner.pipeline
         component = getattr(pipeline, prefix.rstrip("."), None)
         if component is None:
@@ -114,7 +115,7 @@ class OmniRolloutWorkerExtension(CustomPipelineWorkerExtension):
         def expected():
             return {f"{prefix}{name}" for name, _ in component.named_parameters()}
 
-        self._weight_sync = WeightSyncReceiver(load, expected)
+        self._weight_sync = WeightSyncReceiver(load, expected if complete else None)
         return self._sync_call(lambda: self._weight_sync.begin(version, count))
 
     def verl_omni_load_weight_bucket(self, fields: dict) -> list[dict]:
