@@ -162,14 +162,26 @@ def _cluster_pids(root: str) -> list[int]:
     return pids
 
 
+# how long the cluster's processes get to exit after SIGTERM (then SIGKILL), and after SIGKILL
+STOP_GRACE_S = 3.0
+
+
 def _stop(root: str) -> None:
+    """SIGTERM the cluster's processes, SIGKILL what is left after :data:`STOP_GRACE_S`; returns once none is
+    left (or the grace ran out again), instead of sleeping the full grace after each signal."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in _cluster_pids(root):
+        pids = _cluster_pids(root)
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        time.sleep(3)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.1)
+            pids = _cluster_pids(root)
+        if not pids:
+            return
 
 
 # `ray start` on a busy machine can miss Ray's fixed 30 s node start-up wait (verl_omni/utils/ray_start.py)

@@ -10,6 +10,7 @@ every config node before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -142,5 +143,17 @@ def main(config: DictConfig) -> None:
     run_flowgrpo(config)
 
 
+def freeze_heap_for_exit() -> None:
+    """The process is about to exit: move every tracked object to the collector's permanent generation.
+
+    Interpreter shutdown runs the cyclic collector over the whole heap (several passes while it tears the
+    modules down); after a run that heap is torch, verl, vLLM and diffusers, and the passes take about 3 s
+    of CPU and wall on 2 cores (``py-spy dump --native``: ``gc_collect_main`` after ``ray.shutdown``).
+    Frozen objects are not scanned; objects are still freed by their reference counts, atexit handlers and
+    stream flushes still run: only cyclic garbage left at exit is not collected, which the OS reclaims."""
+    gc.freeze()
+
+
 if __name__ == "__main__":
     main()
+    freeze_heap_for_exit()

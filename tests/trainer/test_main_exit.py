@@ -1,0 +1,27 @@
+"""``python -m verl_omni.trainer.main_flowgrpo`` freezes the collector's heap once ``main`` returned, so the
+interpreter's exit does not scan it (``freeze_heap_for_exit``; docs/development.md, "Suite time")."""
+
+import subprocess
+import sys
+
+# the entry point as ``python -m`` runs it; ``--cfg job`` prints the composed config and returns from ``main``
+SCRIPT = """
+import gc, runpy, sys
+sys.argv = ["main_flowgrpo", "--cfg", "job"]
+runpy.run_module("verl_omni.trainer.main_flowgrpo", run_name="__main__", alter_sys=True)
+print("frozen", gc.get_freeze_count())
+"""
+
+
+def test_the_entry_point_freezes_the_heap_after_main_returns():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
+    assert "trainer:" in out, "main printed no config"
+    frozen = int(out.split("frozen ")[-1])
+    assert frozen > 1000, f"{frozen} objects frozen"
+
+
+def test_importing_the_entry_point_freezes_nothing():
+    """A process that imports the module (tests, a notebook calling ``run_flowgrpo``) keeps its collector."""
+    code = "import gc, verl_omni.trainer.main_flowgrpo; print(gc.get_freeze_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert int(out.split()[-1]) == 0
