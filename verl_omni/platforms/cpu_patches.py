@@ -356,6 +356,10 @@ PIPELINE_GAPS = {
     # (only SD3's and FLUX's honour ``output_type="latent"``). Read with it: vllm_omni/diffusion/ipc.py
     # ``_SHM_TENSOR_THRESHOLD``, above which the worker moves an output tensor through shared memory
     "final_pixels_postprocess": ("0.26.",),
+    # vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit.py: ``get_qwen_image_edit_pre_process_func``
+    # sizes the source image at a fixed 1024² pixels (``calculate_dimensions(1024 * 1024, ratio)``, a literal in
+    # the pre-process): no sampling parameter or engine config sets the stock pipeline's conditioning area
+    "qwen_image_edit_condition_area": ("0.26.",),
 }
 
 
@@ -401,6 +405,35 @@ def z_image_transformer_from_checkpoint(model_path: str, installed: str | None =
         yield
     finally:
         pipeline_z_image.ZImageTransformer2DModel = original
+
+
+@contextmanager
+def qwen_image_edit_condition_area(area: float, installed: str | None = None):
+    """While open, vLLM-Omni's Qwen-Image-Edit pre-process (every engine of this process; it runs in the engine's
+    process, before the worker) sizes source images to ``area`` pixels at their aspect ratio instead of 1024²;
+    yields whether the override is in place.
+
+    Gap ``qwen_image_edit_condition_area``: the stock pipeline's area is a literal, so a benchmark that compares
+    it with our pipeline at another area (``model_kwargs.condition_area``; the CPU smoke run: a tiny model that
+    would otherwise condition on 4096 latent tokens) has no other way to ask for it. Upstream's
+    ``calculate_dimensions`` rounds the sides to 32 px as our ``rollout_request.condition_size`` does, so both
+    pipelines condition at the same size (ours also keeps 32 px a side at least, upstream's does not).
+    """
+    if not gap_open("qwen_image_edit_condition_area", installed):
+        yield False
+        return
+    from vllm_omni.diffusion.models.qwen_image import pipeline_qwen_image_edit
+
+    original = pipeline_qwen_image_edit.calculate_dimensions
+
+    def at_area(_stock_area: float, ratio: float):
+        return original(area, ratio)
+
+    pipeline_qwen_image_edit.calculate_dimensions = at_area
+    try:
+        yield True
+    finally:
+        pipeline_qwen_image_edit.calculate_dimensions = original
 
 
 # ---- final pixels: the engine passes a rollout's uint8 images through (every device) ----------------
