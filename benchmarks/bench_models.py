@@ -165,7 +165,7 @@ MODELS = {
     ),
     # the Qwen-Image-Edit launcher's sampling (true CFG 4 with the " " negative prompt); one 3:2 source image,
     # conditioned by both engines at the stock 1024² area (full size) or at 96×64 (the smoke mode: at 1024² the
-    # tiny model's every step attends over 4096 source-image tokens, ~11 s a step on 2 CPU cores); rollout only
+    # tiny model's every step attends over ~16k source-image tokens, ~11 s a step on 2 CPU cores); rollout only
     "qwen_image_edit": BenchModel(
         name="qwen_image_edit",
         builder="qwen_image_edit",
