@@ -73,11 +73,10 @@ def lora_params(engine) -> dict[str, torch.Tensor]:
 
 
 def main(recorded: str, model_path: str, out_dir: str) -> None:
+    import old_adapter_engine
     from torch.distributed.tensor import DTensor
 
     from verl_omni.pipelines.sampling import SamplingSpec
-
-    import old_adapter_engine
 
     dist.init_process_group("gloo")
     out = Path(out_dir)
