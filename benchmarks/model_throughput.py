@@ -5,8 +5,8 @@ replay only) or ``qwen_image_edit`` (rollout only); what differs between them is
 two parts:
 
 * **rollout**: N samples of one prompt per request at the model's recipe sampling (SD3.5: 512², 10 steps,
-  CFG 4.5; Wan2.2: 832×480, 33 frames, 10 steps, CFG 5; Qwen-Image-Edit: 512², one source image, 10 steps,
-  true CFG 4): our log-prob pipeline (``OmniRolloutEngine``, one ``generate_batched(N)`` request, SDE window
+  CFG 4.5; Wan2.2: 832×480, 33 frames, 10 steps, CFG 5; Qwen-Image-Edit: 512², one source image conditioned
+  at vLLM-Omni's 1024² (``--condition-area``), 10 steps, true CFG 4): our log-prob pipeline (``OmniRolloutEngine``, one ``generate_batched(N)`` request, SDE window
   2, noise 0.7) and vLLM-Omni's own pipeline (one request with ``num_outputs_per_prompt=N``). Each engine is
   warmed once, then timed over ``--repeats`` requests; the ratio ours / stock is printed (the target is >= 0.99);
 * **replay** (SD3.5, Wan2.2; the A14B: both experts in one module, a row per expert at a step it sampled): the
@@ -17,8 +17,8 @@ two parts:
 
 Full size (``--full-size``, CUDA): the released transformer architecture and VAE with random bf16 weights
 (``random_weights.py``: no weight file; the tiny text encoders), the replay on the released architecture with
-its released text width. Without it: the tiny random model on whatever device is present, fp32, a few steps:
-the smoke mode the CPU test runs. The last stdout line is one JSON object, also written to
+its released text width. Without it: the tiny random model on whatever device is present, fp32, a few steps,
+an editing model's source image conditioned at 96×64: the smoke mode the CPU test runs. The last stdout line is one JSON object, also written to
 ``$OUT/<model>_throughput.json`` when ``OUT`` is set (or to ``--out``).
 
     python benchmarks/model_throughput.py --full-size                  # SD3.5 Medium on an H100/H200
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -67,6 +68,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="denoising steps (default the model's)")
     p.add_argument("--size", help="HxW or a square side in pixels (default the model's)")
     p.add_argument("--frames", type=int, help="video frames, 4k + 1 (Wan2.2; default the model's)")
+    p.add_argument(
+        "--condition-area",
+        type=int,
+        help="editing models: pixels of the source image as both engines condition on it, at its aspect ratio "
+        "(default: vLLM-Omni's fixed 1024² at full size, 96x64 in the smoke mode)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed requests per engine")
     p.add_argument("--micro-batches", type=int, nargs="+", help="replay micro-batches (default the model's)")
     p.add_argument("--warmup", type=int, default=2, help="replay warm-up iterations")
@@ -98,6 +105,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.steps = args.steps or defaults["steps"]
     args.n = args.n or defaults["n"]
     args.micro_batches = args.micro_batches or defaults["micro_batches"]
+    if args.condition_area is not None and not model.source_images:
+        p.error(f"--condition-area: --model {args.model} takes no source image")
+    args.condition_area = args.condition_area or defaults.get("condition_area")
     args.parts = args.parts or [part for part, has in (("rollout", model.rollout), ("replay", model.lora)) if has]
     if "replay" in args.parts and not model.lora:
         p.error(f"--model {args.model} has no replay part here (rollout only)")
@@ -217,12 +227,32 @@ async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
         engine.shutdown()
 
 
+@contextlib.contextmanager
+def condition_area(args):
+    """Both engines' source images at ``args.condition_area`` pixels (None: vLLM-Omni's fixed 1024², untouched).
+
+    Ours reads it from the request (``model_kwargs``); the stock pre-process has no setting for it, so it is
+    overridden in this process, where both engines pre-process their requests (the warm-ups' too), for as long
+    as they run. A vLLM-Omni on which that override is not known to work stops the run rather than compare the
+    two pipelines at different areas."""
+    if args.condition_area is None:
+        yield
+        return
+    from verl_omni.platforms.cpu_patches import qwen_image_edit_condition_area
+
+    with qwen_image_edit_condition_area(args.condition_area) as in_place:
+        if not in_place:
+            raise SystemExit("--condition-area: the stock pipeline's area cannot be set on this vLLM-Omni (above)")
+        yield
+
+
 def rollout_part(args, model_path: Path) -> dict:
     ours_pipeline = stock_pipeline = None
     if args.full_size:
         ours_pipeline, stock_pipeline = MODELS[args.model].pipelines()
-    ours = asyncio.run(time_ours(args, model_path, ours_pipeline))
-    stock = asyncio.run(time_stock(args, model_path, stock_pipeline))
+    with condition_area(args):
+        ours = asyncio.run(time_ours(args, model_path, ours_pipeline))
+        stock = asyncio.run(time_stock(args, model_path, stock_pipeline))
     result = {"ours_per_s": args.n / ours, "stock_per_s": args.n / stock, "ratio_ours_to_stock": stock / ours}
     result |= {"ours_request_s": ours, "stock_request_s": stock}
     if args.profile:
@@ -322,6 +352,8 @@ def main(argv=None) -> dict:
         "frames": args.frames,
         "cfg": model.cfg,
     }
+    if model.source_images:
+        result["condition_area"] = args.condition_area or 1024 * 1024
     with tempfile.TemporaryDirectory(prefix=f"{args.model}_bench_") as tmp:
         if args.full_size:
             model_path = model.write_full_size_dir(Path(tmp) / args.model)

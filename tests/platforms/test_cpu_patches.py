@@ -197,6 +197,68 @@ def test_z_image_gap_is_worked_around_on_its_versions_only(tmp_path, caplog):
     assert "z_image_transformer_sizes" in message and "found 0.27.0" in message and "PIPELINE_GAPS" in message
 
 
+def _stock_edit_sizes(tmp_path, source_size: tuple[int, int], plus: bool = False) -> list[tuple[int, int]]:
+    """(w, h) at which vLLM-Omni's Qwen-Image-Edit(-Plus) pre-process conditions one ``source_size`` image: Edit's
+    one size, Plus's VAE and vision-tower sizes (the pre-process reads only the model directory's VAE config)."""
+    import json
+    import types
+
+    from PIL import Image
+    from vllm_omni.diffusion.models.qwen_image import pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus
+    from vllm_omni.diffusion.request import OmniDiffusionRequest
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    (tmp_path / "vae").mkdir(exist_ok=True)
+    (tmp_path / "vae" / "config.json").write_text(json.dumps({"temporal_downsample": [False, True, True], "z_dim": 4}))
+    od_config = types.SimpleNamespace(model=str(tmp_path))
+    if plus:
+        pre_process = pipeline_qwen_image_edit_plus.get_qwen_image_edit_plus_pre_process_func(od_config)
+    else:
+        pre_process = pipeline_qwen_image_edit.get_qwen_image_edit_pre_process_func(od_config)
+    prompt = {"prompt": "edit", "multi_modal_data": {"image": Image.new("RGB", source_size)}}
+    params = OmniDiffusionSamplingParams(height=32, width=32, seed=0)
+    info = pre_process(OmniDiffusionRequest(prompt=prompt, sampling_params=params, request_id="r")).prompt
+    info = info["additional_information"]
+    if plus:
+        assert tuple(info["vae_images"][0].shape[-2:]) == info["vae_image_sizes"][0][::-1]
+        return [info["vae_image_sizes"][0], info["condition_image_sizes"][0]]
+    assert tuple(info["preprocessed_image"].shape[-2:]) == (info["calculated_height"], info["calculated_width"])
+    return [(info["calculated_width"], info["calculated_height"])]
+
+
+def test_qwen_image_edit_condition_area_is_set_on_its_versions_only(tmp_path, caplog):
+    """The stock edit pre-processes condition a 3:2 source at 1024² pixels (Plus: its vision tower at 384²); inside
+    the override at the area asked (the size our pipeline's ``condition_area`` gives), restored after; on another
+    version nothing is patched."""
+    from verl_omni.pipelines.qwen_image_edit.rollout_request import CONDITION_SIDE_MULTIPLE
+    from verl_omni.pipelines.rollout_request import condition_size
+
+    stock = {False: [(1248, 832)], True: [(1248, 832), (480, 320)]}
+    small = condition_size(768, 512, 96 * 64, CONDITION_SIDE_MULTIPLE)
+    assert small == (96, 64)
+    for plus in (False, True):
+        assert _stock_edit_sizes(tmp_path, (768, 512), plus) == stock[plus]
+        with cpu_patches.qwen_image_edit_condition_area(96 * 64, installed="0.26.0") as in_place:
+            assert in_place and _stock_edit_sizes(tmp_path, (768, 512), plus) == [small] * len(stock[plus])
+        assert _stock_edit_sizes(tmp_path, (768, 512), plus) == stock[plus]
+    with caplog.at_level(logging.WARNING, logger=cpu_patches.__name__):
+        with cpu_patches.qwen_image_edit_condition_area(96 * 64, installed="0.27.0") as in_place:
+            assert not in_place and _stock_edit_sizes(tmp_path, (768, 512)) == stock[False]
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == cpu_patches.__name__)
+    assert "qwen_image_edit_condition_area" in message and "found 0.27.0" in message
+
+
+def test_the_cpu_warm_up_conditions_an_edit_models_source_at_the_warm_up_size(tmp_path):
+    """The sized warm-up's blank source image (the warm-up's height x width) is conditioned at that size by the
+    Qwen-Image-Edit pipelines, not at 1024²; another model's pre-process is left alone."""
+    with cpu_patches._warmup_condition_area("QwenImageEditPlusPipeline", 32, 64):
+        assert _stock_edit_sizes(tmp_path, (64, 32), plus=True) == [(64, 32), (64, 32)]
+    with cpu_patches._warmup_condition_area("QwenImageEditPipeline", 32, 32):
+        assert _stock_edit_sizes(tmp_path, (32, 32)) == [(32, 32)]
+    with cpu_patches._warmup_condition_area("QwenImagePipeline", 32, 32):
+        assert _stock_edit_sizes(tmp_path, (32, 32)) == [(1024, 1024)]
+
+
 def test_final_pixels_hook_is_installed_once_on_its_versions_only(caplog):
     """On 0.26 the engine's post-process lookup is wrapped once (an engine built afterwards passes a rollout's final
     pixels through, ``tests/pipelines/test_rollout_output.py``); on another version a warning names the gap."""

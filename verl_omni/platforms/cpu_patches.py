@@ -237,6 +237,22 @@ def _sized_warmup_request(engine, height: int, width: int):
     return OmniDiffusionRequest(prompt=prompt, request_id=DUMMY_DIFFUSION_REQUEST_ID, sampling_params=params)
 
 
+# stock pipelines whose pre-process sizes the source image at a fixed area (``qwen_image_edit_condition_area``)
+FIXED_CONDITION_AREA_PIPELINES = ("QwenImageEditPipeline", "QwenImageEditPlusPipeline")
+
+
+@contextmanager
+def _warmup_condition_area(model_class: str, height: int, width: int):
+    """A Qwen-Image-Edit warm-up's blank source image conditioned at the warm-up's own size, not at upstream's
+    1024² (on CPU that one tiny step took ~16 s of a 17-19 s engine start; now under 1 s); other models as
+    they are."""
+    if model_class not in FIXED_CONDITION_AREA_PIPELINES:
+        yield
+        return
+    with qwen_image_edit_condition_area(max(height, 32) * max(width, 32)):
+        yield
+
+
 def _make_sized_dummy_run(original):
     def _sized_dummy_run(self):
         """The warm-up at the size and with the wait an engine's ``additional_config`` asks for (else upstream's)."""
@@ -257,7 +273,8 @@ def _make_sized_dummy_run(original):
                 return original(self)
             request = _sized_warmup_request(self, height, width)
             if self.pre_process_func is not None:
-                request = self.pre_process_func(request)
+                with _warmup_condition_area(self.od_config.model_class_name, height, width):
+                    request = self.pre_process_func(request)
             output = self.add_req_and_wait_for_response(request)
         except TimeoutError as error:
             raise TimeoutError(
@@ -279,7 +296,8 @@ def patch_engine_warmup() -> None:
     """Gap: vLLM-Omni 0.26 ``DiffusionEngine._dummy_run`` warms the engine up at a fixed 512x512 (on CPU a
     forward far larger than the tiny rollout's, for nothing the rollout uses) and waits for the warm-up's output on the private, fixed
     ``_ASYNC_OUTPUT_TIMEOUT`` (30 s), which a busy machine overruns ("Orchestrator initialization failed").
-    Patched: an engine that carries :func:`engine_start_config` warms up at that size, one step, and waits
+    Patched: an engine that carries :func:`engine_start_config` warms up at that size, one step (a
+    Qwen-Image-Edit source image conditioned at that size too: :func:`_warmup_condition_area`), and waits
     as long as it asks (the same module value bounds each request's output wait afterwards). Remove once
     vLLM-Omni takes the warm-up size and the output wait from its config."""
     if "engine_warmup" in _applied:
@@ -356,6 +374,11 @@ PIPELINE_GAPS = {
     # (only SD3's and FLUX's honour ``output_type="latent"``). Read with it: vllm_omni/diffusion/ipc.py
     # ``_SHM_TENSOR_THRESHOLD``, above which the worker moves an output tensor through shared memory
     "final_pixels_postprocess": ("0.26.",),
+    # vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit.py: ``get_qwen_image_edit_pre_process_func``
+    # sizes the source image at a fixed 1024² pixels (``calculate_dimensions(1024 * 1024, ratio)``, a literal in
+    # the pre-process; ``pipeline_qwen_image_edit_plus.py``: the constants ``VAE_IMAGE_SIZE`` and
+    # ``CONDITION_IMAGE_SIZE``): no sampling parameter or engine config sets the stock conditioning area
+    "qwen_image_edit_condition_area": ("0.26.",),
 }
 
 
@@ -401,6 +424,41 @@ def z_image_transformer_from_checkpoint(model_path: str, installed: str | None =
         yield
     finally:
         pipeline_z_image.ZImageTransformer2DModel = original
+
+
+@contextmanager
+def qwen_image_edit_condition_area(area: float, installed: str | None = None):
+    """While open, vLLM-Omni's Qwen-Image-Edit pre-processes (every engine of this process: they run in the
+    engine's process, before its worker) size source images to ``area`` pixels at their aspect ratio instead of
+    the stock 1024² (Qwen-Image-Edit-Plus: its VAE's 1024² and its vision tower's 384² both); yields whether the
+    override is in place.
+
+    Gap ``qwen_image_edit_condition_area``: the stock areas are a literal and module constants, so neither a
+    benchmark that compares the stock pipeline with ours at another area (ours: ``model_kwargs.condition_area``;
+    the CPU smoke run's tiny model would condition on ~16k latent tokens at 1024²) nor the CPU warm-up at the
+    rollout's size (:func:`_sized_dummy_run`) can ask for it otherwise. Upstream's ``calculate_dimensions`` rounds
+    the sides to 32 px as our ``rollout_request.condition_size`` does, so both pipelines condition at the same size
+    (ours also keeps 32 px a side at least, upstream's does not). Our rollout pipelines read the raw source images,
+    not the pre-processed ones, so only stock pipelines see the difference.
+    """
+    if not gap_open("qwen_image_edit_condition_area", installed):
+        yield False
+        return
+    from vllm_omni.diffusion.models.qwen_image import pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus
+
+    modules = (pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus)
+    originals = [module.calculate_dimensions for module in modules]
+
+    def at_area(_stock_area: float, ratio: float):
+        return originals[0](area, ratio)
+
+    for module in modules:
+        module.calculate_dimensions = at_area
+    try:
+        yield True
+    finally:
+        for module, original in zip(modules, originals, strict=True):
+            module.calculate_dimensions = original
 
 
 # ---- final pixels: the engine passes a rollout's uint8 images through (every device) ----------------

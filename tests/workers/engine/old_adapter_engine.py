@@ -1,16 +1,15 @@
-"""Two-rank scenario of the old-policy adapter (DiffusionNFT) on ``DiffusersFSDPEngine``, run by the tests.
-
-``python -m torch.distributed.run --nproc_per_node 2 old_adapter_engine.py MODEL_DIR OUT_DIR``
+"""Two-rank scenario of the old-policy adapter (DiffusionNFT) on ``DiffusersFSDPEngine``: :func:`scenario`, run
+first in ``two_rank_engine.py``'s launch (one launch, so its two ranks import torch, verl and diffusers once for
+both scenarios).
 
 An ODE-samples batch (random clean latents and prompt embeddings of the tiny model's shapes) is
-trained on with ``algorithm=diffusion_nft``'s loss; the numbers, gathered on rank 0, go to
-``OUT_DIR/results.pt``; the assertions live in ``test_old_adapter_engine.py``.
+trained on with ``algorithm=diffusion_nft``'s loss; the numbers go to ``OUT_DIR/results.pt`` (rank 0); the
+assertions live in ``test_diffusers_fsdp_engine.py``.
 """
 
 from __future__ import annotations
 
 import gc
-import sys
 from pathlib import Path
 
 import torch
@@ -70,13 +69,13 @@ def local_adapters(module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Ten
     return trained, old
 
 
-def main(model_path: str, out_dir: str) -> None:
+def scenario(model_path: str, out_dir: Path) -> None:
+    """The scenario on the ranks of the initialized default group; rank 0 writes ``out_dir/results.pt``."""
     from diffusers import QwenImageTransformer2DModel
 
     from verl_omni.pipelines.model_base import get_training_adapter
     from verl_omni.pipelines.sampling import SamplingSpec
 
-    dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     results: dict = {}
     engine, actor = build(model_path)
@@ -130,10 +129,8 @@ def main(model_path: str, out_dir: str) -> None:
     results["resumed_decay"] = actor.update_policy(batch, spec)["actor/old_policy_decay"]
 
     if rank == 0:
-        torch.save(results, Path(out_dir) / "results.pt")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save(results, out_dir / "results.pt")
+    del engine, actor, module
+    gc.collect()
     dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:3])

@@ -1,8 +1,10 @@
 """``DiffusersFSDPEngine`` on two gloo ranks (FSDP2 really sharded, real peft LoRA, tiny Qwen-Image).
 
-One ``torch.distributed.run`` launch (``two_rank_engine.py``) runs the whole scenario on a batch
-recorded here with the one-process reference (``sanity_step``); each test asserts one behaviour
-on its results. About two minutes on 2 CPU cores.
+One ``torch.distributed.run`` launch (``two_rank_engine.py``) runs two scenarios: the engine's on a batch
+recorded here with the one-process reference (``sanity_step``), and DiffusionNFT's old policy
+(``old_adapter_engine.py``: a second LoRA adapter, an exact EMA, one transformer). Each test asserts one
+behaviour on their results. One launch, because each rank's imports and first engine build are most of a
+launch's time (alone, 40 s wall for both here against 31 s for the old-policy scenario on its own).
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def two_rank(recorded, tiny_qwen_image_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("two_rank")
     run_two_ranks(HERE / "two_rank_engine.py", recorded[0], tiny_qwen_image_path, out)
     return torch.load(out / "results.pt", weights_only=False), out
+
+
+@pytest.fixture(scope="module")
+def old_adapter(two_rank):
+    _, out = two_rank
+    return torch.load(out / "old_adapter" / "results.pt", weights_only=False)
 
 
 def test_parameters_are_sharded_over_two_ranks(two_rank):
@@ -130,3 +138,44 @@ def test_saved_lora_loads_in_diffusers_and_is_the_trained_policy(two_rank, recor
         ]
     loaded = torch.stack([m.prev_sample_mean for m in means], dim=1)
     torch.testing.assert_close(loaded, results["policy_mean_after"], rtol=0, atol=1e-5)
+
+
+# ---- DiffusionNFT's old policy: a second LoRA adapter, an exact EMA, one transformer ----------------
+
+
+def test_no_second_transformer_only_a_second_adapter(old_adapter):
+    assert old_adapter["transformers"] == 1
+    assert old_adapter["trained_params"] > 0
+    assert old_adapter["old_params"] == old_adapter["trained_params"]
+    assert old_adapter["actor_params"] == old_adapter["base_params"] + 2 * old_adapter["trained_params"]
+
+
+def test_old_adapter_is_frozen_and_outside_the_optimizer(old_adapter):
+    assert old_adapter["old_trainable"] is False
+    assert old_adapter["optimizer_tensors"] == old_adapter["trained_tensors"]
+    assert old_adapter["still_active"] == ["default"]
+
+
+def test_old_adapter_starts_equal_then_moves_by_the_configured_rate(old_adapter):
+    assert old_adapter["old_starts_equal"]
+    # DiffusionNFTConfig(decay_rate=0.25, decay_max=0.6): η = 0.25 after one optimizer step, 0.5 after two
+    assert [m["actor/old_policy_decay"] for m in old_adapter["metrics"]] == [0.25, 0.5]
+    assert old_adapter["ema_max_error"] == [0.0, 0.0]
+    assert all(moved > 0 for moved in old_adapter["old_moved"])
+    assert old_adapter["trained_moved"] > 0
+
+
+def test_loss_reads_the_old_policy(old_adapter):
+    first, second = old_adapter["metrics"]
+    # the old adapter equals the trained one before the first update, and trails it after
+    assert first["actor/old_deviate"] == 0.0
+    assert second["actor/old_deviate"] > 0.0
+    assert all(torch.isfinite(torch.tensor(v)) for m in old_adapter["metrics"] for v in m.values())
+
+
+def test_a_checkpoint_restores_the_old_adapter_and_the_steps_its_decay_counts(old_adapter):
+    assert old_adapter["third_update_moved_old"]
+    assert old_adapter["resumed_equal"]
+    assert old_adapter["resumed_steps"] == (2, 2)
+    # the update after the resume is the third optimizer step: η = 0.25 · 3 = 0.75, capped at decay_max 0.6
+    assert old_adapter["resumed_decay"] == 0.6

@@ -1,10 +1,12 @@
-"""Two-rank scenario for ``DiffusersFSDPEngine``, run under ``torch.distributed.run`` by the tests.
+"""Two-rank scenarios for ``DiffusersFSDPEngine``, run under ``torch.distributed.run`` by the tests.
 
 ``python -m torch.distributed.run --nproc_per_node 2 two_rank_engine.py RECORDED.pt MODEL_DIR OUT_DIR``
 
-The recorded batch (sampled once per session by the ``recorded_qwen_image_batch`` fixture) is split between the two gloo
-ranks; each scenario step writes its numbers, gathered on rank 0, to ``OUT_DIR/results.pt``.
-The assertions live in ``test_diffusers_fsdp_engine.py``.
+First the old-policy adapter's scenario (``old_adapter_engine.py``: ``OUT_DIR/old_adapter/results.pt``; first,
+because it counts the transformers alive in the process), then the engine's: the recorded batch (sampled once per
+session by the ``recorded_qwen_image_batch`` fixture) is split between the two gloo ranks; each scenario step
+writes its numbers, gathered on rank 0, to ``OUT_DIR/results.pt``. One launch for both: each rank's imports and
+first engine build are most of a launch. The assertions live in ``test_diffusers_fsdp_engine.py``.
 """
 
 from __future__ import annotations
@@ -71,12 +73,14 @@ def lora_params(engine) -> dict[str, torch.Tensor]:
 
 
 def main(recorded: str, model_path: str, out_dir: str) -> None:
+    import old_adapter_engine
     from torch.distributed.tensor import DTensor
 
     from verl_omni.pipelines.sampling import SamplingSpec
 
     dist.init_process_group("gloo")
     out = Path(out_dir)
+    old_adapter_engine.scenario(model_path, out / "old_adapter")
     rec = torch.load(recorded, weights_only=False)
     spec = SamplingSpec(**rec["spec"])
     size = rec["all_latents"].shape[0]
