@@ -18,6 +18,9 @@
 # step on an H200 took 202 s (0.63 img/GPU/s; 212 s with the LoRA through the host, 258 s without the two
 # settings, docs/perf/gpu.md). Extra arguments are Hydra overrides. See docs/trainer.md.
 #
+# Not on here yet (its recipe step is not measured): actor_rollout_ref.model.lora.merge=true sends the rollout the
+# adapted linears with the LoRA merged in, so it runs plain linears: serving the r64 adapter costs the compiled
+# rollout 1.21x at this shape (an H100), ~16 s of the H200 step's 93 s gen (docs/rollout.md, LoRA sync).
 # Not on here (off by default until its reward effect is shown neutral, docs/rollout.md "Thinning the
 # ODE after the window range"): steps 5..9, after every sample's window, as 3 DPM-Solver++ steps
 # (8 of 10 transformer calls per image, the rollout 1.24x faster at full size on an H200; the window steps
