@@ -76,19 +76,23 @@ def colocated_full(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
     )
 
 
-def test_colocated_full_fine_tuning_syncs_every_bucket_by_cuda_ipc(colocated_full):
-    _, records = colocated_full
+def _synced_steps(records, what: str) -> dict:
+    """What every colocated sync must show: steps 0-2 logged, step 2 (sampled with step 1's synced weights) within 10x
+    of step 1's bf16 actor-vs-rollout difference (a lost or stale sync separates them far more), validation moved by
+    the training; returns step 2's ``sync/*`` metrics."""
     metrics = by_step(records)
     assert sorted(metrics) == [0, 1, 2]
     diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
     sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
-    print(
-        f"full fine-tuning, actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}"
-    )
-    # step 2 samples with the synced transformer: had a bucket been lost or stale, the replay would disagree
+    print(f"{what}, actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}")
     assert diffs[1] <= 10 * max(diffs[0], 1e-3)
+    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained weights reached the rollout"
+    return sync
+
+
+def test_colocated_full_fine_tuning_syncs_every_bucket_by_cuda_ipc(colocated_full):
+    sync = _synced_steps(colocated_full[1], "full fine-tuning")
     assert sync["sync/full_weight_buckets"] > 1 and sync["sync/full_weight_params_written_min"] > 0
-    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained transformer reached the rollout"
 
 
 @pytest.fixture(scope="module")
@@ -100,17 +104,9 @@ def colocated_merged(tiny_qwen_image_bf16_path, prompt_files, tmp_path_factory):
 
 
 def test_colocated_merged_lora_syncs_the_merged_linears_by_cuda_ipc(colocated_merged):
-    _, records = colocated_merged
-    metrics = by_step(records)
-    assert sorted(metrics) == [0, 1, 2]
-    diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
-    sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
-    print(f"merged LoRA, actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}")
-    # step 2 samples with the merged weights of step 1's update: rounding, not a lost update, may separate them
-    assert diffs[1] <= 10 * max(diffs[0], 1e-3)
+    sync = _synced_steps(colocated_merged[1], "merged LoRA")
     assert sync["sync/merged_lora_buckets"] == 1 and sync["sync/merged_lora_params_written_min"] > 0
     assert "sync/lora_modules_bound_min" not in sync, "the rollout served no adapter"
-    assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained LoRA reached the rollout"
 
 
 def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_image_bf16_path, prompt_files, tmp_path):
