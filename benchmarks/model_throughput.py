@@ -6,9 +6,10 @@ two parts:
 
 * **rollout**: N samples of one prompt per request at the model's recipe sampling (SD3.5: 512², 10 steps,
   CFG 4.5; Wan2.2: 832×480, 33 frames, 10 steps, CFG 5; Qwen-Image-Edit: 512², one source image conditioned
-  at vLLM-Omni's 1024² (``--condition-area``), 10 steps, true CFG 4): our log-prob pipeline (``OmniRolloutEngine``, one ``generate_batched(N)`` request, SDE window
-  2, noise 0.7) and vLLM-Omni's own pipeline (one request with ``num_outputs_per_prompt=N``). Each engine is
-  warmed once, then timed over ``--repeats`` requests; the ratio ours / stock is printed (the target is >= 0.99);
+  at vLLM-Omni's 1024² (``--condition-area``), 10 steps, true CFG 4): our log-prob pipeline
+  (``OmniRolloutEngine``, one ``generate_batched(N)`` request, SDE window 2, noise 0.7) and vLLM-Omni's own
+  pipeline (one request with ``num_outputs_per_prompt=N``). Each engine is warmed once, then timed over
+  ``--repeats`` requests; the ratio ours / stock is printed (the target is >= 0.99);
 * **replay** (SD3.5, Wan2.2; the A14B: both experts in one module, a row per expert at a step it sampled): the
   actor's unit of work (one recorded transition: velocity with classic CFG,
   SDE step, log-prob, backward into a LoRA of the recipe's rank; gradient checkpointing on, as the engine's
@@ -18,8 +19,8 @@ two parts:
 Full size (``--full-size``, CUDA): the released transformer architecture and VAE with random bf16 weights
 (``random_weights.py``: no weight file; the tiny text encoders), the replay on the released architecture with
 its released text width. Without it: the tiny random model on whatever device is present, fp32, a few steps,
-an editing model's source image conditioned at 96×64: the smoke mode the CPU test runs. The last stdout line is one JSON object, also written to
-``$OUT/<model>_throughput.json`` when ``OUT`` is set (or to ``--out``).
+an editing model's source image conditioned at 96×64: the smoke mode the CPU test runs. The last stdout line is
+one JSON object, also written to ``$OUT/<model>_throughput.json`` when ``OUT`` is set (or to ``--out``).
 
     python benchmarks/model_throughput.py --full-size                  # SD3.5 Medium on an H100/H200
     python benchmarks/model_throughput.py --model wan2_2 --full-size   # Wan2.2 TI2V-5B, 832x480x33

@@ -251,7 +251,8 @@ def test_merged_lora_sync_samples_what_the_lora_actor_computes_and_refuses_an_un
         assert loaded >= len(plan[index])
     report = loop.run(engine.finish_weight_sync(20))
     weights = dict(lora_actor.engine.module.named_parameters())
-    assert report["bytes"] == sum(weights[n.replace(".weight", ".base_layer.weight")].numel() * 4 for n in names)
+    frozen = [weights[name.replace(".weight", ".base_layer.weight")] for name in names]
+    assert report["bytes"] == sum(w.numel() * w.element_size() for w in frozen)
 
     merged = sample_group(loop, engine, prompts, "merged-after")
     assert all(not torch.equal(m.diffusion_output, b.diffusion_output) for m, b in zip(merged, base, strict=True))
