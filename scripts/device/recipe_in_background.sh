@@ -6,6 +6,8 @@
 # release, or the machine and the run are gone.
 #   START=1 WAIT=500 bash scripts/device/recipe_in_background.sh [Hydra overrides]   # first call
 #   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
+# A later call needs no setup_stack.sh (it runs no Python). Keep WAIT plus the set-up's ~20 s under the call's
+# limit: a call cut by its limit returns nothing of what it printed (the run itself goes on).
 # RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe).
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
 # used memory are sampled every 2 s while the run lives (all processes: the actor and the colocated rollout);
