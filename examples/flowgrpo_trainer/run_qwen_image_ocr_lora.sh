@@ -9,18 +9,18 @@
 # weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md). One
 # 80 GB GPU (an H100) holds them only with the actor's parameters and optimizer on the host between phases, and
 # the host needs ~150 GB free (measured peak 145.6 GB; a 128 GB host ran out); step 2 of a 4-prompt run took
-# 233 s (0.28 img/GPU/s, docs/perf/gpu.md "On one 80 GB H100"):
+# 233 s (0.28 img/GPU/s with the adapter served, before model.lora.merge below; docs/perf/gpu.md "On one 80 GB
+# H100"):
 #   bash examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh actor_rollout_ref.actor.engine.param_offload=true \
 #       actor_rollout_ref.actor.engine.optimizer_offload=true
 # more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
 # LoRA fp32; its transformer blocks are compiled (model.compile_transformer_blocks) and its forward-only
-# phases run 16 samples per forward; colocated on CUDA the LoRA reaches the rollout by CUDA IPC: one steady
-# step on an H200 took 202 s (0.63 img/GPU/s; 212 s with the LoRA through the host, 258 s without the two
-# settings, docs/perf/gpu.md). Extra arguments are Hydra overrides. See docs/trainer.md.
+# phases run 16 samples per forward; each sync sends the rollout the adapted linears with the LoRA merged in
+# (model.lora.merge: the rollout runs plain linears, as serving the r64 adapter costs the compiled rollout 1.21x),
+# colocated on CUDA by CUDA IPC: one steady step on an H200 took 189 s (0.68 img/GPU/s; 202 s with the adapter
+# served, 212 s with it sent through the host, 258 s without compiled blocks and micro-batch 16, docs/perf/gpu.md).
+# Extra arguments are Hydra overrides. See docs/trainer.md.
 #
-# Not on here yet (its recipe step is not measured): actor_rollout_ref.model.lora.merge=true sends the rollout the
-# adapted linears with the LoRA merged in, so it runs plain linears: serving the r64 adapter costs the compiled
-# rollout 1.21x at this shape (an H100), ~16 s of the H200 step's 93 s gen (docs/rollout.md, LoRA sync).
 # Not on here (off by default until its reward effect is shown neutral, docs/rollout.md "Thinning the
 # ODE after the window range"): steps 5..9, after every sample's window, as 3 DPM-Solver++ steps
 # (8 of 10 transformer calls per image, the rollout 1.24x faster at full size on an H200; the window steps
@@ -41,6 +41,7 @@ python3 -m verl_omni.trainer.main_flowgrpo \
     actor_rollout_ref.model.path="$MODEL_PATH" \
     actor_rollout_ref.model.lora.rank=64 \
     actor_rollout_ref.model.lora.alpha=128 \
+    actor_rollout_ref.model.lora.merge=true \
     actor_rollout_ref.model.compile_transformer_blocks=true \
     actor_rollout_ref.rollout.height=512 \
     actor_rollout_ref.rollout.width=512 \
