@@ -18,7 +18,7 @@
 # phases run 16 samples per forward; each sync sends the rollout the adapted linears with the LoRA merged in
 # (model.lora.merge: the rollout runs plain linears, as serving the r64 adapter costs the compiled rollout 1.21x),
 # colocated on CUDA by CUDA IPC: one steady step on an H200 took 189 s (0.68 img/GPU/s; 202 s with the adapter
-# served, 212 s with it sent through the host, 258 s without compiled blocks and micro-batch 16, docs/perf/gpu.md).
+# served, 212 s sent through the host, 258 s also without compiled blocks and forward micro-batch 16; docs/perf/gpu.md).
 # Extra arguments are Hydra overrides. See docs/trainer.md.
 #
 # Not on here (off by default until its reward effect is shown neutral, docs/rollout.md "Thinning the
