@@ -1,10 +1,14 @@
-"""Full Flow-GRPO steps of the Qwen-Image OCR LoRA recipe on one GPU, timed per phase.
+"""Full Flow-GRPO steps of the Qwen-Image OCR LoRA recipe on one or more GPUs, timed per phase.
 
 Runs ``examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh`` (512², 10 steps, true CFG 4, window
 2 in [0, 5], noise 1.2, LoRA r64, n=16, actor and rollout colocated on the GPU) for a few steps
 on a full-size Qwen-Image checkpoint with random weights, with a cheap reward in place of the
 OCR server (``jpeg_compressibility``: the timing of generation and training does not depend on
-what scores the images). Prints, per step and phase, seconds and images per GPU-second.
+what scores the images). Prints, per step and phase, seconds and images per GPU-second, and the steady state:
+the median step after the first ``--warmup-steps`` (the compile steps).
+
+``--gpus N`` runs the launcher with ``NGPUS=N`` (N actor ranks and N colocated rollout replicas on one host);
+keep the per-GPU load with ``--prompts`` = 8 x N (8 prompts x 16 images = 128 images per GPU).
 
 The checkpoint is a real directory that ``model.path`` points at, written once by
 ``--write-model``: the released transformer architecture (20.4 B) with random bf16 weights, the
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -86,8 +91,10 @@ def write_random_checkpoint(out: Path, recipe: str) -> None:
     print(f"[recipe] wrote {size:.1f} GB of random transformer weights to {out} in {time.perf_counter() - start:.0f} s")
 
 
-def run_steps(recipe: Recipe, model: Path, data: Path, out: Path, prompts: int, steps: int, extra: list[str]) -> None:
-    """The launcher with the recipe unchanged except batch size, step count, reward and logging."""
+def run_steps(
+    recipe: Recipe, model: Path, data: Path, out: Path, prompts: int, steps: int, gpus: int, extra: list[str]
+) -> None:
+    """The launcher with the recipe unchanged except batch size, step count, GPUs, reward and logging."""
     overrides = [
         *recipe.one_gpu_overrides,
         f"data.train_batch_size={prompts}",
@@ -100,7 +107,7 @@ def run_steps(recipe: Recipe, model: Path, data: Path, out: Path, prompts: int, 
         "trainer.logger=[console,file]",
         *extra,
     ]
-    env = {**os.environ, "MODEL_PATH": str(model), "DATA_DIR": str(data), "OUT": str(out), "NGPUS": "1"}
+    env = {**os.environ, "MODEL_PATH": str(model), "DATA_DIR": str(data), "OUT": str(out), "NGPUS": str(gpus)}
     command = f"bash {REPO / recipe.launcher} " + " ".join(overrides)
     print(f"[recipe] {command}", flush=True)
     start = time.perf_counter()
@@ -108,18 +115,18 @@ def run_steps(recipe: Recipe, model: Path, data: Path, out: Path, prompts: int, 
     print(f"[recipe] trainer process: {time.perf_counter() - start:.0f} s")
 
 
-def report(out: Path, images_per_step: int) -> list[dict]:
-    """Per step: seconds and images per GPU-second of each phase (one GPU holds every phase)."""
+def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
+    """Per step: seconds and images per GPU-second of each phase (every GPU holds every phase, colocated)."""
     rows = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         data = record["data"]
-        row = {"step": record["step"], "images": images_per_step}
+        row = {"step": record["step"], "images": images_per_step, "gpus": gpus}
         for phase in PHASES:
             seconds = data.get(f"timing_s/{phase}")
             if seconds is not None:
                 row[f"{phase}_s"] = round(seconds, 2)
-                row[f"{phase}_img_per_gpu_s"] = round(images_per_step / seconds, 3)
+                row[f"{phase}_img_per_gpu_s"] = round(images_per_step / gpus / seconds, 3)
         for key in (
             "old_log_prob/rollout_diff_max",
             "actor/logprob_diff_max",
@@ -140,6 +147,21 @@ def report(out: Path, images_per_step: int) -> list[dict]:
     return rows
 
 
+def steady_state(rows: list[dict], warmup_steps: int) -> dict:
+    """The median step after the compile steps, with each phase's median, as one summary row."""
+    steady = [row for row in rows if row["step"] > warmup_steps and "step_s" in row]
+    if not steady:
+        return {"steady_steps": 0}
+    summary = {"steady_steps": len(steady), "first_steady_step": steady[0]["step"]}
+    for phase in PHASES:
+        values = [row[f"{phase}_s"] for row in steady if f"{phase}_s" in row]
+        if values:
+            summary[f"{phase}_s"] = round(statistics.median(values), 2)
+    summary["img_per_gpu_s"] = round(rows[0]["images"] / rows[0]["gpus"] / summary["step_s"], 3)
+    print("[recipe] steady state " + json.dumps(summary), flush=True)
+    return summary
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", type=Path, required=True, help="checkpoint directory (written by --write-model)")
@@ -147,6 +169,8 @@ def main(argv=None):
     p.add_argument("--recipe", choices=sorted(RECIPES), default="qwen_image", help="which launcher and model")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (x the recipe's samples each)")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--gpus", type=int, default=1, help="actor ranks = colocated rollout replicas (NGPUS)")
+    p.add_argument("--warmup-steps", type=int, default=2, help="compile steps left out of the steady state")
     p.add_argument("--out", type=Path, default=Path("/tmp/flowgrpo_recipe"))
     p.add_argument("--json", type=Path, default=None, help="write the per-step rows here")
     p.add_argument("overrides", nargs="*", help="further Hydra overrides for the launcher")
@@ -162,10 +186,11 @@ def main(argv=None):
     data = args.out / "data"
     write_parquet(ocr_rows(max(args.prompts * args.steps, 16), "train", 0, 2), data / "train.parquet")
     write_parquet(ocr_rows(16, "val", 0, 2), data / "val.parquet")
-    run_steps(recipe, args.model, data, args.out / "run", args.prompts, args.steps, args.overrides)
-    rows = report(args.out / "run", args.prompts * recipe.samples_per_prompt)
+    run_steps(recipe, args.model, data, args.out / "run", args.prompts, args.steps, args.gpus, args.overrides)
+    rows = report(args.out / "run", args.prompts * recipe.samples_per_prompt, args.gpus)
+    summary = steady_state(rows, args.warmup_steps)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        args.json.write_text(json.dumps({"steps": rows, "steady_state": summary}, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
 # A later call needs no setup_stack.sh (it runs no Python). Keep WAIT plus the set-up's ~20 s under the call's
 # limit: a call cut by its limit returns nothing of what it printed (the run itself goes on).
-# RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe).
+# RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe); GPUS=N runs it on N GPUs
+# of the host (N actor ranks and N colocated replicas; set PROMPTS=8N for the one-GPU per-GPU load).
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
 # used memory are sampled every 2 s while the run lives (all processes: the actor and the colocated rollout);
 # each call prints their peaks so far.
@@ -18,11 +19,11 @@ memlog=/tmp/recipe_gpu_memory.csv
 if [ -n "${START:-}" ]; then
   recipe=${RECIPE:-qwen_image}
   setsid nohup python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" --write-model \
-    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
+    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --gpus "${GPUS:-1}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
   echo $! > /tmp/recipe.pid
   rm -f "$memlog"
   setsid nohup bash -c "while kill -0 $(cat /tmp/recipe.pid) 2> /dev/null; do
-    echo \$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits),\$(free -m | awk '/^Mem/ {print \$3}') >> $memlog
+    echo \$(free -m | awk '/^Mem/ {print \$3}'),\$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd,) >> $memlog
     sleep 2; done" > /dev/null 2>&1 < /dev/null &
   sleep 5
 fi
@@ -35,7 +36,10 @@ grep -E "^\[recipe\]|^step:[0-9]+ " "$log" | cut -c1-300 | tail -8
 grep -E "Traceback|OutOfMemory|recompile_limit|killed" "$log" | tail -5 | cut -c1-300
 free -g | head -2
 nvidia-smi --query-gpu=memory.used --format=csv,noheader
-echo "peak so far: GPU memory used $(cut -d, -f1 "$memlog" 2> /dev/null | sort -n | tail -1) MiB, host memory used $(cut -d, -f2 "$memlog" 2> /dev/null | sort -n | tail -1) MiB"
+# each sample: host MiB, then one column per GPU
+awk -F, '{for (i = 1; i <= NF; i++) if ($i + 0 > peak[i]) peak[i] = $i + 0} END {
+  printf "peak so far: host memory used %d MiB; GPU memory used (MiB):", peak[1]
+  for (i = 2; i <= NF; i++) printf " %d", peak[i]; print ""}' "$memlog" 2> /dev/null
 cp "$memlog" "${OUT:-/tmp}/" 2> /dev/null
 tail -c 15000000 "$log" > "${OUT:-/tmp}/recipe.log"
 cp /tmp/recipe.json "${OUT:-/tmp}/" 2> /dev/null && grep '^{' "$log" | tail -4
