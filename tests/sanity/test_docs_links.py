@@ -88,7 +88,9 @@ def test_every_docs_path_named_in_the_repository_exists():
 
 def test_the_anchor_rule_follows_github(tmp_path):
     page = tmp_path / "page.md"
-    page.write_text("# Top\n\n## `algorithm` with `algorithm=flow_grpo`\n\n## Keys\n\n```\n# not a heading\n```\n## Keys\n")
+    page.write_text(
+        "# Top\n\n## `algorithm` with `algorithm=flow_grpo`\n\n## Keys\n\n```\n# not a heading\n```\n## Keys\n"
+    )
     assert heading_anchors(page) == {"top", "algorithm-with-algorithmflow_grpo", "keys", "keys-1"}
     page.write_text("[a](#keys) [b](#nope) [c](missing.md) [d](https://example.com) `[e](missing.md)`\n## Keys\n")
     assert broken_links(page) == ["#nope: no heading with that anchor", "missing.md: no such file"]
