@@ -72,17 +72,10 @@ def test_every_relative_link_resolves(page):
 
 def test_every_docs_path_named_in_the_repository_exists():
     missing = []
-    for root in POINTER_ROOTS:
-        for path in (REPO / root).rglob("*"):
-            if path.suffix not in POINTER_SUFFIXES or not path.is_file() or "__pycache__" in path.parts:
-                continue
-            for name in set(DOC_PATH.findall(path.read_text(errors="ignore"))):
-                if not (REPO / name).is_file():
-                    missing.append(f"{path.relative_to(REPO)}: {name}")
-    for page in PAGES:
-        for name in set(DOC_PATH.findall(page.read_text())):
+    for path in _pointer_files():
+        for name in set(DOC_PATH.findall(path.read_text(errors="ignore"))):
             if not (REPO / name).is_file():
-                missing.append(f"{page.relative_to(REPO)}: {name}")
+                missing.append(f"{path.relative_to(REPO)}: {name}")
     assert missing == []
 
 
@@ -94,3 +87,37 @@ def test_the_anchor_rule_follows_github(tmp_path):
     assert heading_anchors(page) == {"top", "algorithm-with-algorithmflow_grpo", "keys", "keys-1"}
     page.write_text("[a](#keys) [b](#nope) [c](missing.md) [d](https://example.com) `[e](missing.md)`\n## Keys\n")
     assert broken_links(page) == ["#nope: no heading with that anchor", "missing.md: no such file"]
+
+
+# a pointer that names a section: ``docs/guide/rewards.md, "Devices"`` (with or without backticks and comma)
+SECTION_POINTER = re.compile(r"(docs/[\w/-]+\.md)`{0,2},? \"([^\"]+)\"")
+
+
+def heading_titles(page: Path) -> list[str]:
+    """The page's heading texts, lower case, without backticks."""
+    return [
+        re.sub(r"^#+\s+", "", line).replace("`", "").strip().lower()
+        for line in page.read_text().splitlines()
+        if re.match(r"^#{1,6}\s", line)
+    ]
+
+
+def _pointer_files():
+    """Every file that may name a page in plain text: the code's comments and docstrings, and the pages."""
+    for root in POINTER_ROOTS:
+        for path in (REPO / root).rglob("*"):
+            if path.suffix in POINTER_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+                yield path
+    yield from PAGES
+
+
+def test_every_section_named_beside_a_docs_path_exists():
+    missing = []
+    for path in _pointer_files():
+        for name, section in SECTION_POINTER.findall(path.read_text(errors="ignore")):
+            page = REPO / name
+            # a section name wrapped over comment or docstring lines reads as one line
+            wanted = re.sub(r"\s*\n\s*#?\s*", " ", section).replace("`", "").lower()
+            if page.is_file() and not any(title.startswith(wanted) for title in heading_titles(page)):
+                missing.append(f"{path.relative_to(REPO)}: {name}, {section!r}")
+    assert missing == []
