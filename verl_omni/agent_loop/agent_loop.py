@@ -286,8 +286,7 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
 
     def _postprocess(self, outputs: list[DiffusionAgentLoopOutput], input_non_tensor_batch, validate: bool):
         """Stack the samples (docs/design.md, "Data contracts" fields, the adapter's recorded conditioning
-        right-padded) in row
-        order; pass every input field through."""
+        right-padded) in row order; pass every input field through."""
         samples = [o.output for o in outputs]
         tensors = {"responses": torch.stack([s.diffusion_output for s in samples])}
         if not validate:

@@ -84,8 +84,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.update_keys = self.loss_keys + ((SAMPLE_MASK_KEY,) if self.drop_zero_std_groups else ())
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
-        # what the actor replays (docs/design.md, "The actor's batch"): the recorded trajectory and the model's
-        # conditioning
+        # what the actor replays (docs/design.md, "The actor's batch"): the recorded trajectory and the
+        # model's conditioning
         uses_cfg = configs.rollout.sampling_spec(adapter=configs.model.adapter).uses_cfg
         trajectory = get_replay(self.algorithm.rollout_record).trajectory_keys
         self.replay_keys = trajectory + configs.model.adapter.required_keys(uses_cfg)

@@ -26,9 +26,8 @@ class DiffusionLoraConfig(BaseConfig):
     Args:
         rank (int): LoRA rank r; 0 is full fine-tuning: every transformer parameter trains, sharded with its
             gradients and optimizer state over the actor ranks, and the rollout gets full weights in checked
-            buckets (``docs/guide/training.md``, "Full fine-tuning"); a KL term (``actor.kl_beta > 0``) then keeps a
-            frozen
-            copy of the base transformer as the reference.
+            buckets (``docs/guide/training.md``, "Full fine-tuning"); a KL term (``actor.kl_beta > 0``) then keeps
+            a frozen copy of the base transformer as the reference.
         alpha (int): LoRA alpha; the update is scaled by alpha / r.
         target_modules (list[str] | None): module names to adapt; None takes the adapter's
             ``lora_target_modules`` (the architecture's usual choice).
