@@ -244,6 +244,18 @@ def _literal(source: str):
         return _literal
 
 
+def _default_text(source: str) -> str:
+    """A dataclass default's source as the page writes values: a literal in YAML's spelling, an empty factory as
+    its empty value, anything else as written."""
+    literal = _literal(source)
+    if literal is not _literal:
+        return _inline(literal)
+    factory = re.fullmatch(r"field\(default_factory=(dict|list)\)", source)
+    if factory:
+        return "{}" if factory.group(1) == "dict" else "[]"
+    return source
+
+
 @dataclass
 class Section:
     """One dataclass-backed node of the composed config."""
@@ -356,6 +368,29 @@ class Reference:
             lines += ["", f"verl's keys of this node, as verl defines them (set only to use a verl feature): {keys}."]
         return [*lines, ""]
 
+    def list_entry_sections(self, section: Section) -> list[str]:
+        """A section for each list of our dataclass entries in a node (``reward.diffusion.scorers``): one entry's
+        keys, from the entry class's ``Args:``, with the entry dataclass's defaults."""
+        lines = []
+        for name, (kind, _) in documented_args(section.class_name, self.classes).items():
+            match = re.fullmatch(r"list\[(\w+)\]", kind)
+            if match is None or match.group(1) not in self.classes:
+                continue
+            entry_class = match.group(1)
+            doc = self.classes[entry_class]
+            defaults = dataclass_defaults(entry_class, self.classes)
+            lines += [
+                f"## `{section.key}.{name}[i]`",
+                "",
+                f"`{entry_class}` in `{_relative(doc.path)}`: {doc.summary}",
+                "",
+            ]
+            for key, (entry_kind, text) in documented_args(entry_class, self.classes).items():
+                default = f"; default `{_default_text(defaults[key])}`" if key in defaults else ""
+                lines.append(f"- **`{key}`** (`{entry_kind}`{default}): {text}")
+            lines.append("")
+        return lines
+
     def algorithm_sections(self) -> list[str]:
         """One section per algorithm YAML: the ``algorithm`` node it selects and the other keys it sets."""
         from verl_omni.utils.config import compose_config
@@ -414,11 +449,18 @@ class Reference:
             "",
         ]
         toc = [f"- [`{s.key}`](#{_anchor(s.key)})" for s in sections]
+        toc += [
+            f"- [`{line[4:-1]}`](#{_anchor(line[4:-1])})"
+            for s in sections
+            for line in self.list_entry_sections(s)
+            if line.startswith("## ")
+        ]
         toc += ["- [`algorithm`](#algorithm-with-algorithmflow_grpo) (one section per algorithm)"]
         toc += ["- [Other keys the trainer YAML sets](#other-keys-the-trainer-yaml-sets)"]
         lines += [*toc, ""]
         for section in sections:
             lines += self.render_section(section, nested)
+            lines += self.list_entry_sections(section)
         lines += self.algorithm_sections()
         lines += self.other_keys({s.key for s in sections} | {"algorithm"})
         return "\n".join(lines).rstrip() + "\n"
