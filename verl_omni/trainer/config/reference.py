@@ -200,6 +200,8 @@ def _inline(value) -> str:
         return "null"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, str) and not value.strip():
+        return f'"{value}"'
     return str(value)
 
 
