@@ -17,7 +17,7 @@ of the worker's ops and a trace, in ``profile/`` beside ``--out``).
 
 ``--thin RATIO`` (with ``--window-range R0 R1``, R1 < steps) adds ``concurrent_thin`` / ``batched_thin`` rows on
 the same engine: the same requests with the ODE after the window range thinned (``ode_solver=dpmsolver++``,
-``ode_post_window_ratio=RATIO``; docs/rollout.md); their ``model_calls`` per image are fewer, the recorded
+``ode_post_window_ratio=RATIO``; docs/guide/rollout.md); their ``model_calls`` per image are fewer, the recorded
 windows are the same.
 
 ``--lora-rank R`` (``--lora-alpha``, default 2R) adds a ``batched_lora`` row on the same engine: the batched

@@ -7,7 +7,7 @@
 # --compile-bytecode: uv writes no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (this workplace's
 # shells) none is ever written, so every process would compile torch, verl, vLLM and diffusers from source:
 # `import verl` took 13.5 s instead of 6.6 s, and a trainer run starts ~8 processes that import it
-# (docs/development.md, "Suite time").
+# (docs/development.md, "Keeping the suite fast").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}

@@ -5,7 +5,7 @@
 # Two workers, one test file each at a time (`--dist loadfile`: a module's shared engine or trainer run
 # stays in one process), taken in the order tests/conftest.py gives (longest first; xdist's own order is
 # by test count): a trainer run or an engine start is mostly one process importing, so the second core
-# would otherwise wait (docs/development.md, "Suite time").
+# would otherwise wait (docs/development.md, "Keeping the suite fast").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh

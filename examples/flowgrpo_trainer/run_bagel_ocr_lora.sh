@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Flow-GRPO LoRA training of BAGEL (thinker + DiT) on OCR prompts, vLLM-Omni rollout.
 #
-# python -m verl_omni.trainer.main_flowgrpo with BAGEL's keys; see docs/bagel.md ("Training run").
+# python -m verl_omni.trainer.main_flowgrpo with BAGEL's keys; see docs/guide/models.md ("BAGEL", "Training run").
 #   BAGEL_PATH=/models/BAGEL-7B-MoT DATA_DIR=~/data/ocr bash examples/flowgrpo_trainer/run_bagel_ocr_lora.sh [overrides...]
 # The prompt set: python examples/data_process/ocr_prompts.py --out "$DATA_DIR"; the OCR reward: an
 # OpenAI-compatible VLM server at OCR_URL serving OCR_MODEL (as the other OCR launchers).

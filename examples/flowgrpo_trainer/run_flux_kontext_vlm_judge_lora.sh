@@ -4,7 +4,7 @@
 # No authors' editing recipe is cited here: the sampling and optimizer settings are the Flow-GRPO authors'
 # FLUX.1-dev ones (run_flux_ocr_lora.sh, each number sourced there), with the edit model's own conditioning.
 #
-# The reward is the vlm_judge scorer (docs/reward.md, "VLM judge"), served and configured as in
+# The reward is the vlm_judge scorer (docs/guide/rewards.md, "VLM judge"), served and configured as in
 # run_qwen_image_edit_vlm_judge_lora.sh (the vllm serve command, each of its numbers and each reward key are
 # explained there): one chat request per sample with the source image, the edited image and the instruction.
 # Serve the judge on a GPU the trainer does not use (the launcher takes all 8 of its node by default: another
@@ -18,7 +18,7 @@
 #     most ~3400 tokens (two images of at most 1337, template, 512 answer tokens), so at most ~195 MB a request,
 #     against the ~55 GB left of 80 GB at vLLM's default 0.9 memory use after 16.6 GB of bf16 weights: ~280;
 #   reward.diffusion.scorers.0.params.timeout_s=120: a request waits behind the others' prefill (256 x up to
-#     ~2900 prompt tokens); docs/reward.md's example value, not measured here.
+#     ~2900 prompt tokens); docs/guide/rewards.md's example value, not measured here.
 # The judge's speed sets the reward phase's time (not measured): more judge replicas behind one URL shorten it.
 # What differs from FLUX.1-dev:
 #   - the embedded guidance is 2.5 (diffusers' FluxKontextPipeline example; the pipeline's default is 3.5);
@@ -32,9 +32,9 @@
 # Needs: a diffusers FLUX.1-Kontext-dev directory (MODEL_PATH), an editing prompt set
 # (python examples/data_process/edit_prompts.py --images <folder of images + .txt instructions> --out "$DATA_DIR")
 # and the judge server above (JUDGE_URL, JUDGE_MODEL; the preflight checks that JUDGE_URL answers before Ray
-# starts). Extra arguments are Hydra overrides (last wins). See docs/models.md.
+# starts). Extra arguments are Hydra overrides (last wins). See docs/guide/models.md.
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml), so that
-# `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
+# `algorithm=<name>` (docs/guide/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers FLUX.1-Kontext-dev directory}

@@ -19,10 +19,10 @@
 #
 # Needs: a diffusers FLUX.1-dev directory (MODEL_PATH), the OCR prompt set
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
-# server for the OCR reward. Extra arguments are Hydra overrides (last wins). See docs/models.md.
+# server for the OCR reward. Extra arguments are Hydra overrides (last wins). See docs/guide/models.md.
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml; flow_grpo's defaults,
 # global std, clip 5 and the `sde` step, are the ones above):
-# not repeated here, so that `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
+# not repeated here, so that `algorithm=<name>` (docs/guide/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers FLUX.1-dev directory}

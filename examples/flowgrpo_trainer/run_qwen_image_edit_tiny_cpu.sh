@@ -4,7 +4,7 @@
 # tokenizer's words) are built once under outputs/builtin/; 32x32 edits, the source image conditioned at
 # 32x32 (condition_area=1024; the stock 1024x1024 is 16k latent tokens of the tiny VAE), 6 steps,
 # 4 prompts x 4 samples per step, all 6 steps stochastic (noise 1.2), true CFG 4 with the negative prompt
-# " ", LoRA r8, the toy brightness reward. Extra arguments are Hydra overrides. See docs/models.md.
+# " ", LoRA r8, the toy brightness reward. Extra arguments are Hydra overrides. See docs/guide/models.md.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-outputs/builtin/tiny_qwen_image_edit}

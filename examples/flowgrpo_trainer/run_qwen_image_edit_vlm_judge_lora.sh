@@ -5,13 +5,13 @@
 # Qwen-Image recipe (run_qwen_image_ocr_lora.sh, Flow-GRPO's Qwen-Image settings), with the edit
 # model's own conditioning.
 #
-# The reward is the vlm_judge scorer (docs/reward.md, "VLM judge"): one chat request per sample to an
+# The reward is the vlm_judge scorer (docs/guide/rewards.md, "VLM judge"): one chat request per sample to an
 # OpenAI-compatible server with the source image, the edited image and the instruction; the judge's grade,
 # mapped to [0, 1], is the reward. Serve the judge on a GPU the trainer does not use, e.g.
 #   CUDA_VISIBLE_DEVICES=1 vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000 --max-model-len 4096 \
 #     --limit-mm-per-prompt '{"image": 2}' --mm-processor-kwargs '{"max_pixels": 1048576}'
 # where
-#   Qwen2.5-VL-7B-Instruct: the VLM the OCR launchers serve and docs/reward.md's judge example (an
+#   Qwen2.5-VL-7B-Instruct: the VLM the OCR launchers serve and docs/guide/rewards.md's judge example (an
 #     instruction-following VLM that answers the default template; a larger one judges better at more GPUs);
 #   --port 8000: vLLM's default port, the one JUDGE_URL below points at;
 #   image 2: a request carries the source image and the edit;
@@ -45,7 +45,7 @@
 # and the judge server above (JUDGE_URL, JUDGE_MODEL; the preflight checks that JUDGE_URL answers before Ray starts).
 # Extra arguments are Hydra overrides (last wins).
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml), so that
-# `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
+# `algorithm=<name>` (docs/guide/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers Qwen-Image-Edit directory}

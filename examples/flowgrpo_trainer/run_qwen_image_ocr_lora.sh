@@ -6,11 +6,11 @@
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
 # server for the OCR reward (e.g. `vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000`).
 # The rollout replicas sit on the actor's GPUs (trainer.colocate_rollout=true) and offload their
-# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf/gpu.md). One
+# weights while the actor trains: one 141 GB GPU (NGPUS=1, an H200) holds both (docs/perf.md). One
 # 80 GB GPU (an H100) holds them only with the actor's parameters and optimizer on the host between phases, and
 # the host needs ~150 GB free (measured peak 145.6 GB; a 128 GB host ran out); step 2 of a 4-prompt run took
-# 233 s (0.28 img/GPU/s with the adapter served, before model.lora.merge below; docs/perf/gpu.md "On one 80 GB
-# H100"):
+# 233 s (0.28 img/GPU/s with the adapter served, before model.lora.merge below;
+# benchmarks/results/qwen_image_recipe.md "On one 80 GB H100"):
 #   bash examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh actor_rollout_ref.actor.engine.param_offload=true \
 #       actor_rollout_ref.actor.engine.optimizer_offload=true
 # more GPUs: NGPUS actor ranks and as many rollout replicas. The actor's frozen base is bf16, its
@@ -18,10 +18,10 @@
 # phases run 16 samples per forward; each sync sends the rollout the adapted linears with the LoRA merged in
 # (model.lora.merge: the rollout runs plain linears, as serving the r64 adapter costs the compiled rollout 1.21x),
 # colocated on CUDA by CUDA IPC: one steady step on an H200 took 189 s (0.68 img/GPU/s; 202 s with the adapter
-# served, 212 s sent through the host, 258 s also without compiled blocks and forward micro-batch 16; docs/perf/gpu.md).
-# Extra arguments are Hydra overrides. See docs/trainer.md.
+# served, 212 s sent through the host, 258 s also without compiled blocks and forward micro-batch 16; docs/perf.md).
+# Extra arguments are Hydra overrides. See docs/guide/training.md.
 #
-# Not on here (off by default until its reward effect is shown neutral, docs/rollout.md "Thinning the
+# Not on here (off by default until its reward effect is shown neutral, docs/guide/rollout.md "Thinning the
 # ODE after the window range"): steps 5..9, after every sample's window, as 3 DPM-Solver++ steps
 # (8 of 10 transformer calls per image, the rollout 1.24x faster at full size on an H200; the window steps
 # and their log-probs unchanged); to turn it on:

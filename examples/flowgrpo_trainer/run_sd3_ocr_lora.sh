@@ -16,15 +16,15 @@
 # The authors' 1-GPU variant (`general_ocr_sd3_1gpu`): 8 prompts x 8 images per step
 # (data.train_batch_size=8 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=32
 # actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8: the 9 below does not divide 32). Full fine-tuning of it
-# (actor_rollout_ref.model.lora.rank=0) ran on one 80 GB H100 at 115 s per step (docs/perf/gpu.md).
+# (actor_rollout_ref.model.lora.rank=0) ran on one 80 GB H100 at 115 s per step (docs/perf.md).
 #
 # Needs: a diffusers SD3.5 directory (MODEL_PATH, e.g. stabilityai/stable-diffusion-3.5-medium), the
 # OCR prompt set (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an
 # OpenAI-compatible VLM server for the OCR reward. Extra arguments are Hydra overrides (last wins).
-# See docs/models.md and docs/trainer.md.
+# See docs/guide/models.md and docs/guide/training.md.
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml; flow_grpo's defaults,
 # global std, clip 5 and the `sde` step, are the ones above):
-# not repeated here, so that `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
+# not repeated here, so that `algorithm=<name>` (docs/guide/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers Stable Diffusion 3.5 directory}

@@ -2,7 +2,7 @@
 # The built-in CPU run, spelled out: the tiny random Qwen-Image (built once under outputs/builtin/),
 # the built-in prompts and the toy brightness reward; 32x32, 6 steps, 4 prompts x 4 samples per
 # step, all 6 steps stochastic (noise 1.2), no CFG, LoRA r8. These are the defaults of flowgrpo_trainer.yaml: with no arguments this is what
-# `bash scripts/run.sh` runs. Extra arguments are Hydra overrides. See docs/trainer.md.
+# `bash scripts/run.sh` runs. Extra arguments are Hydra overrides. See docs/guide/training.md.
 set -euo pipefail
 
 OUT=${OUT:-outputs/flowgrpo/flowgrpo_tiny}

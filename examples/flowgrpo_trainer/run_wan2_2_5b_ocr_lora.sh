@@ -4,10 +4,11 @@
 # A starting point, not a tuned recipe: the Flow-GRPO authors publish no Wan2.2 recipe, and nothing here
 # has trained the released weights (the GPU machines cannot download them). Each number says where it
 # comes from. The reward is the OCR scorer applied to every frame, a video's reward the mean over its
-# frames (docs/models.md, "Wan2.2"); a served video reward model is the reward issue's (video scorers).
-# Memory (H100 80 GB, random weights, docs/perf/gpu.md "Wan2.2"): gradient checkpointing is on by default; the
-# actor's replay at 832x480x33 peaks at 12.1 GB (micro-batch 1) / 14.1 GB (2), and the rollout decodes 2 videos per
-# VAE call so a group of 8 fits. The colocated trainer itself was not run on a GPU.
+# frames (docs/guide/models.md, "Video models (Wan2.2)"); a served video reward model is the reward issue's
+# (video scorers).
+# Memory (H100 80 GB, random weights, benchmarks/results/models_gpu.md "Wan2.2"): gradient checkpointing is on
+# by default; the actor's replay at 832x480x33 peaks at 12.1 GB (micro-batch 1) / 14.1 GB (2), and the rollout
+# decodes 2 videos per VAE call so a group of 8 fits. The colocated trainer itself was not run on a GPU.
 #
 # Needs: a diffusers Wan2.2 TI2V-5B directory (MODEL_PATH, WanPipeline layout, e.g.
 # Wan-AI/Wan2.2-TI2V-5B-Diffusers), the OCR prompt set (python examples/data_process/ocr_prompts.py

@@ -3,9 +3,9 @@
 # run_tiny_cpu.sh with only the model and the frame count changed. 5 frames (two latent frames: the
 # VAE compresses 4 frames after the first into one) of 32x32, 6 steps, 4 prompts x 4 samples per
 # step, all 6 steps stochastic (noise 1.2), no CFG, LoRA r8; the toy brightness reward scores every
-# frame and a video's reward is the mean over its frames (docs/models.md, "Wan2.2").
+# frame and a video's reward is the mean over its frames (docs/guide/models.md, "Video models (Wan2.2)").
 # Build the model first: python -m verl_omni.utils.tiny_models wan2_2 --out "$MODEL_PATH".
-# Extra arguments are Hydra overrides (last wins). See docs/trainer.md.
+# Extra arguments are Hydra overrides (last wins). See docs/guide/training.md.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a tiny Wan2.2 directory (python -m verl_omni.utils.tiny_models wan2_2 --out DIR)}

@@ -4,12 +4,13 @@
 # A starting point, not a tuned recipe: the Flow-GRPO authors publish no Wan2.2 recipe, and nothing here
 # has trained the released weights (the GPU machines cannot download them). Each number says where it
 # comes from. How the two experts train (one LoRA over both, each recorded step replayed by the expert that
-# sampled it, two diffusers LoRA files per checkpoint): docs/models.md, "Wan2.2". The reward is the OCR scorer
-# applied to every frame, a video's reward the mean over its frames.
+# sampled it, two diffusers LoRA files per checkpoint): docs/guide/models.md, "Video models (Wan2.2)". The reward is
+# the OCR scorer applied to every frame, a video's reward the mean over its frames.
 # Memory: each expert is a 14 B transformer (28 GB of bf16 weights), and the rollout keeps both resident, so a
 # colocated replica needs ~56 GB for the experts alone before the actor's FSDP shards and activations: plan on
 # 141 GB GPUs (H200) or a separate rollout pool. Not run end to end on a GPU; the actor's replay with both experts on
-# one H100 fits 832x480x33 at micro-batch 1 (70.6 GiB before the optimizer state: docs/perf/gpu.md, "Wan2.2 T2V-A14B").
+# one H100 fits 832x480x33 at micro-batch 1 (70.6 GiB before the optimizer state: benchmarks/results/models_gpu.md,
+# "Wan2.2 T2V-A14B").
 #
 # Needs: a diffusers Wan2.2 T2V-A14B directory (MODEL_PATH, WanPipeline layout with transformer_2 and
 # boundary_ratio in model_index.json, e.g. Wan-AI/Wan2.2-T2V-A14B-Diffusers), the OCR prompt set

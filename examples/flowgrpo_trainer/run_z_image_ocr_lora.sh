@@ -10,15 +10,15 @@
 # Where this trainer differs from that config: validation samples with the training steps (10; the
 # authors evaluate Qwen-Image with `sample.eval_num_steps = 50`); OCR reward instead of PickScore.
 # Z-Image's own guidance g is the classic scale minus one: true_cfg_scale=4 here is Z-Image's
-# guidance_scale=3 (docs/models.md); its schedule ends with a sigma = 0 step, so SDE windows must end by
+# guidance_scale=3 (docs/guide/models.md); its schedule ends with a sigma = 0 step, so SDE windows must end by
 # step num_inference_steps - 1 (the window range [0, 5] below does).
 #
 # Needs: a diffusers Z-Image directory (MODEL_PATH, ZImagePipeline layout), the OCR prompt set
 # (python examples/data_process/ocr_prompts.py --out "$DATA_DIR") and an OpenAI-compatible VLM
-# server for the OCR reward. Extra arguments are Hydra overrides (last wins). See docs/models.md.
+# server for the OCR reward. Extra arguments are Hydra overrides (last wins). See docs/guide/models.md.
 # Advantage settings and the SDE step are the algorithm's (config/algorithm/<name>.yaml; flow_grpo's defaults,
 # global std, clip 5 and the `sde` step, are the ones above):
-# not repeated here, so that `algorithm=<name>` (docs/algorithms.md, "Launchers") brings another algorithm's keys.
+# not repeated here, so that `algorithm=<name>` (docs/guide/algorithms.md, "Launchers") brings another algorithm's keys.
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:?set MODEL_PATH to a diffusers Z-Image directory}

@@ -7,7 +7,7 @@ instead of training. That config then goes through what ``main_flowgrpo`` checks
 sampling rules) with ``MODEL_PATH`` set to the model's tiny random directory. No training runs.
 
 Each launcher with each registered algorithm (``algorithm=<name>`` appended) runs the command that
-``docs/algorithms.md`` ("Launchers") documents for the pairing: a served pairing passes every check
+``docs/guide/algorithms.md`` ("Launchers") documents for the pairing: a served pairing passes every check
 before Ray; the refused one fails with the pairing refusal.
 """
 

@@ -3,7 +3,7 @@
 One trainer run (a subprocess of the real entry point, on the session's Ray cluster): 1 rollout replica (the
 ``bagel_single_stage`` deploy: the DiT stage prefills the prompt itself; the thinker + DiT deploy
 needs vLLM's CUDA engine) + 1 actor rank, 2 steps, the actor recomputing log π_old (BAGEL's
-rollout computes in bf16, see docs/bagel.md).
+rollout computes in bf16, see docs/guide/models.md).
 
 Sizes are BAGEL's smallest: 16×16 (one latent token), 2 denoising steps, a window of 1, one prompt
 × n = 2 per step. Text CFG is on (the negative prompt's token ids travel with the batch) but only

@@ -1,5 +1,5 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` freezes the collector's heap once ``main`` returned, so the
-interpreter's exit does not scan it (``freeze_heap_for_exit``; docs/development.md, "Suite time")."""
+interpreter's exit does not scan it (``freeze_heap_for_exit``; docs/development.md, "Keeping the suite fast")."""
 
 import subprocess
 import sys

@@ -114,7 +114,7 @@ def by_step(records: list[dict]) -> dict[int, dict]:
     return {r["step"]: r["data"] for r in records}
 
 
-# fp32 CPU bound of docs/actor.md: the rollout's and the actor's transformers differ in op order only
+# fp32 CPU bound of docs/guide/training.md: the rollout's and the actor's transformers differ in op order only
 LOGPROB_BOUND = 1e-5
 STEP_KEYS = (
     "timing_s/gen",

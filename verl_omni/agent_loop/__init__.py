@@ -1,4 +1,4 @@
-"""Diffusion agent loops (see ``docs/agent_loop.md``); importing the package registers ``diffusion_single_turn``."""
+"""Diffusion agent loops (see ``docs/guide/rollout.md``); importing the package registers ``diffusion_single_turn``."""
 
 from verl_omni.agent_loop.agent_loop import (
     DiffusionAgentLoopBase,

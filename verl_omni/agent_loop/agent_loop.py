@@ -12,7 +12,7 @@ The same three layers as verl's ``verl/experimental/agent_loop/agent_loop.py``:
 * :class:`DiffusionAgentLoopManager`: splits the batch over the workers at group boundaries and
   merges their outputs (timing, replay spec).
 
-The output layout is in ``docs/agent_loop.md``.
+The output layout is in ``docs/guide/rollout.md``.
 """
 
 from __future__ import annotations
@@ -285,8 +285,8 @@ class DiffusionAgentLoopWorker(AgentLoopWorker):
         return output
 
     def _postprocess(self, outputs: list[DiffusionAgentLoopOutput], input_non_tensor_batch, validate: bool):
-        """Stack the samples (DESIGN.md §3 fields, the adapter's recorded conditioning right-padded) in row
-        order; pass every input field through."""
+        """Stack the samples (docs/design.md, "Data contracts" fields, the adapter's recorded conditioning
+        right-padded) in row order; pass every input field through."""
         samples = [o.output for o in outputs]
         tensors = {"responses": torch.stack([s.diffusion_output for s in samples])}
         if not validate:

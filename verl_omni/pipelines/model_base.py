@@ -16,7 +16,7 @@ architecture name (``model_index.json``'s ``_class_name`` for diffusers checkpoi
 which algorithms they can serve).
 Engines look the adapter up here; nothing in the trainer tests an architecture name.
 
-Registration keeps no list (``docs/models.md``): a built-in model is a package
+Registration keeps no list (``docs/extending/model.md``): a built-in model is a package
 ``verl_omni/pipelines/<model>/`` whose ``training_adapter.py`` decorates its adapter with
 ``@register_training_adapter("<architecture>")``; every such module is imported on the first lookup.
 An out-of-tree model is an installed distribution with an entry point in the group
@@ -44,7 +44,7 @@ ADAPTER_ENTRY_POINT_GROUP = "verl_omni.model_adapters"
 
 # what a rollout pipeline can record per sample, besides the image and the conditioning tensors
 # (an algorithm declares the one it needs, ``verl_omni.trainer.algorithms``):
-# SDE_WINDOW: the W+1 latents, W log-probs and W timesteps of an SDE window (DESIGN.md §3);
+# SDE_WINDOW: the W+1 latents, W log-probs and W timesteps of an SDE window (docs/design.md, "Data contracts");
 # ODE_SAMPLES: the clean final latents of a deterministic sample, no log-probs
 SDE_WINDOW = "sde_window"
 ODE_SAMPLES = "ode_samples"
@@ -69,7 +69,7 @@ TRAINING_ADAPTERS: Registry = Registry(
         f"Add a model as a package {PIPELINES_PACKAGE.replace('.', '/')}/<model>/ whose {ADAPTER_MODULE}.py "
         "decorates a ModelAdapter subclass with @register_training_adapter('<architecture>'), or install a "
         f"package declaring an entry point in group {ADAPTER_ENTRY_POINT_GROUP!r}: "
-        "'<architecture> = \"<module>:<AdapterClass>\"' (docs/models.md)."
+        "'<architecture> = \"<module>:<AdapterClass>\"' (docs/extending/model.md)."
     ),
 )
 

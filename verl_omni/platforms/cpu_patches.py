@@ -328,8 +328,8 @@ def patch_output_ready_wait() -> None:
 def patch_forked_workers() -> None:
     """Gap: vLLM-Omni 0.26 ``MultiprocDiffusionExecutor._launch_workers`` forces the ``spawn`` start method, so each
     diffusion worker re-imports torch, vLLM, vLLM-Omni and diffusers (about 34 CPU-seconds per engine start, a
-    quarter of the CPU suite's CPU: docs/development.md, "Suite time"). Spawn is what CUDA needs; on CPU a fork of
-    the engine's process, which has imported all of it already, starts in a fraction of that. Patched: the executor
+    quarter of the CPU suite's CPU: docs/development.md, "Keeping the suite fast"). Spawn is what CUDA needs; on CPU
+    a fork of the engine's process, which has imported all of it already, starts in a fraction of that. Patched: the executor
     module's ``multiprocessing`` is :class:`~verl_omni.platforms.forked_workers.ForkedWorkerStart`. Remove once
     vLLM-Omni lets a platform choose its workers' start method."""
     if "forked_workers" in _applied:

@@ -3,7 +3,7 @@
 vLLM-Omni's executor starts its workers with ``spawn``; :func:`verl_omni.platforms.cpu_patches.patch_forked_workers`
 (the version-gated patch) hands it :class:`ForkedWorkerStart` instead. This module holds what a safe fork needs and
 touches no vLLM-Omni internals: torch on one thread in the child, and the parent's objects frozen across the fork
-so the child's collector never finalizes the parent's garbage (docs/development.md, "Suite time").
+so the child's collector never finalizes the parent's garbage (docs/development.md, "Keeping the suite fast").
 """
 
 from __future__ import annotations

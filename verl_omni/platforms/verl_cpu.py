@@ -4,7 +4,7 @@ verl 0.9.1 knows CUDA, NPU and ROCm only; with none present it falls back to ``n
 helpers call into ``torch.cuda``. This module registers ``cpu`` in verl's ``PlatformRegistry``
 (imported by :mod:`verl_omni.plugin` through the ``verl.plugins`` entry point, so Ray workers get
 it too). verl probes its built-in platforms first, so a machine with a CUDA device never selects
-this one; ``VERL_PLATFORM=cpu`` forces it. The gaps it fills (DESIGN.md §6):
+this one; ``VERL_PLATFORM=cpu`` forces it. The gaps it fills (docs/design.md, "verl on the CPU"):
 
 * ``current_device()`` returns ``"cpu"``: verl passes it to ``tensor.to(...)``, where the
   integer 0 would mean ``cuda:0``;

@@ -1,6 +1,6 @@
 """Where the reward workers run: Ray options for each worker from ``reward.diffusion``.
 
-Two layouts (docs/reward.md, "Devices"):
+Two layouts (docs/guide/rewards.md, "Devices"):
 
 - ``resource_pool: own``: each worker reserves ``num_cpus_per_worker`` CPUs and
   ``num_gpus_per_worker`` GPUs of its own; Ray gives it GPUs outside the actor's placement groups

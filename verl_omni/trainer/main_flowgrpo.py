@@ -5,7 +5,7 @@ paths (the tiny random Qwen-Image and the built-in prompts) once, runs the prefl
 types, model files, data files, reward endpoints: seconds, no engine imported) and validates
 every config node before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_init.address``) and runs
 :class:`RayFlowGRPOTrainer` in this process. With no overrides it is the built-in CPU run
-(``docs/trainer.md``).
+(``docs/guide/training.md``).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def run_flowgrpo(config: DictConfig) -> None:
     """Resolve, preflight (seconds, no engine imported), validate, start Ray, train.
 
     The trainer, verl's worker stack and vLLM are imported only after the config passed: a bad
-    value or file fails before the imports that take most of a start-up (``docs/trainer.md``).
+    value or file fails before the imports that take most of a start-up (``docs/guide/training.md``).
     """
     keep_log_level()
     from verl_omni.trainer.config.preflight import check_config, check_resources

@@ -15,8 +15,8 @@ Rank 0 is the sender of the weight group (``open_weight_group`` / ``join_weight_
 The rollout is not inside this worker: it runs in vLLM-Omni servers of its own, and the reference
 lives in the actor's engine, so one worker covers verl's actor and ref roles.
 
-A ``DataProto`` sent to these methods carries per-sample tensors (``docs/actor.md``, batch
-format) and ``meta_info["sampling_spec"]``, a :class:`~verl_omni.pipelines.sampling.SamplingSpec` as a dict.
+A ``DataProto`` sent to these methods carries per-sample tensors (``docs/design.md``, "The actor's batch")
+and ``meta_info["sampling_spec"]``, a :class:`~verl_omni.pipelines.sampling.SamplingSpec` as a dict.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ POLICY_VERSION_KEY = "policy_version"
 
 
 def _init_cpu_process_group() -> None:
-    """Plain gloo before verl's own init, which would ask for ``"cpu:gloo,cpu:gloo"`` on CPU (DESIGN.md §6)."""
+    """Plain gloo before verl's own init, which would ask for ``"cpu:gloo,cpu:gloo"`` on CPU (docs/design.md, "verl on
+    the CPU")."""
     if get_device_name() == "cpu" and not dist.is_initialized():
         dist.init_process_group("gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
 

@@ -29,7 +29,7 @@ def scheduler():
 
 
 def reference_mean_and_scale(sched, idx, x, v, a, sde_type):
-    """DESIGN.md §2 written out again in float64, per sample, independently of the module."""
+    """docs/design.md ("Transition kernels") written out again in float64, per sample, independently of the module."""
     sig = sched.sigmas.double()
     means, scales = [], []
     for b in range(x.shape[0]):

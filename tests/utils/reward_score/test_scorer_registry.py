@@ -22,7 +22,7 @@ BUILT_IN = [
     "temporal_consistency",
     "vlm_judge",
 ]
-DOC = Path(__file__).resolve().parents[3] / "docs" / "reward.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "guide" / "rewards.md"
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
@@ -32,7 +32,7 @@ def test_every_built_in_scorer_resolves_and_documents_its_range(name):
     assert "Range" in cls.__doc__
 
 
-def test_every_built_in_scorer_has_a_row_in_the_scorer_table_of_docs_reward_md():
+def test_every_built_in_scorer_has_a_row_in_the_scorer_table_of_the_rewards_guide():
     rows = [line for line in DOC.read_text().splitlines() if line.startswith("| `")]
     listed = {line.split("`")[1] for line in rows}
     assert set(BUILT_IN) <= listed, sorted(set(BUILT_IN) - listed)

@@ -38,7 +38,7 @@ TINY_RUN = {
     f"{ROLLOUT}.sde_window_size": 2,
     f"{ACTOR}.kl_beta": 0.04,
 }
-# each algorithm's sampler (docs/algorithms.md and its YAML), scaled to TINY_RUN
+# each algorithm's sampler (docs/guide/algorithms.md and its YAML), scaled to TINY_RUN
 ALGORITHM_OVERRIDES = {
     "dance_grpo": {
         f"{ROLLOUT}.sde_type": "dance",

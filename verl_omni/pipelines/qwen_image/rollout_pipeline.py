@@ -8,7 +8,7 @@ overridden only to take token ids, give every sample its own generator and SDE w
 return the trajectory; all requests of an engine batch, each with N samples, share one
 transformer batch.
 
-Per request the output carries, batched over its N samples (see DESIGN.md §3, and
+Per request the output carries, batched over its N samples (see docs/design.md, "Data contracts", and
 :mod:`verl_omni.pipelines.rollout_output` for how it travels): the images as uint8 pixels [N, 3, H, W] and a
 trajectory with what the shared :class:`~verl_omni.pipelines.recorder.RolloutRecorder` recorded
 (``all_latents`` [N, W+1, S, C] packed, ``rollout_log_probs`` [N, W], ``all_timesteps`` [N, W],

@@ -5,7 +5,7 @@ pipeline samples with it and records ``log_prob``; the trainer replays the same 
 it to get ``log π_θ`` and the mean used by the KL term. Keeping one copy is what makes the
 rollout/trainer log-prob consistency check meaningful.
 
-Math (DESIGN.md §2), sigmas in (0, 1], σ = 1 is pure noise, step σ → σ', Δt = σ' − σ < 0,
+Math (docs/design.md, "Transition kernels"), sigmas in (0, 1], σ = 1 is pure noise, step σ → σ', Δt = σ' − σ < 0,
 ``v`` the (CFG-combined) velocity, ``a`` the noise level:
 
 * ``sde``: s = a·sqrt(σ / (1 − σ)) (σ_1 in the denominator when σ = 1);
@@ -13,7 +13,7 @@ Math (DESIGN.md §2), sigmas in (0, 1], σ = 1 is pure noise, step σ → σ', �
   log p = mean over non-batch dims of the Gaussian log-density of x' under N(μ, s²(−Δt)).
 * ``cps``: s = σ'·sin(aπ/2); x̂0 = x − σv; x̂1 = x + (1 − σ)v; μ = (1 − σ')x̂0 + sqrt(σ'² − s²)·x̂1;
   x' = μ + s·ε; log p = −mean (x' − μ)² (no normalizer, as in the Flow-GRPO reference code).
-* ``dance`` (DanceGRPO, docs/algorithms.md "DanceGRPO", (D1)-(D3)): the rectified-flow SDE with a constant diffusion
+* ``dance`` (DanceGRPO, docs/design.md "DanceGRPO", (D1)-(D3)): the rectified-flow SDE with a constant diffusion
   coefficient a (the paper's η): x̂0 = x − σv, score ≈ −(x − (1 − σ)x̂0)/σ² = −(x + (1 − σ)v)/σ,
   μ = x + Δt·(v − ½a²·score) = x·(1 + a²Δt/(2σ)) + v·Δt·(1 + a²(1 − σ)/(2σ)); x' = μ + a·sqrt(−Δt)·ε;
   log p as for ``sde`` with std a·sqrt(−Δt). (The mean of ``sde`` with a constant s = a.)

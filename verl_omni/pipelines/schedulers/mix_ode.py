@@ -1,6 +1,6 @@
 """MixGRPO's rollout pieces: the SDE window that slides with training, and the faster ODE after it.
 
-MixGRPO (Li et al., 2025, arXiv:2507.21802; ``docs/algorithms.md`` "MixGRPO") samples the SDE only inside a
+MixGRPO (Li et al., 2025, arXiv:2507.21802; ``docs/design.md`` "MixGRPO") samples the SDE only inside a
 window of W steps shared by every sample of a step and moves that window with training progress
 (its "progressive" strategy); outside the window it samples the ODE. Because no step after the
 window is trained, the ODE there may use a higher-order solver on fewer steps ("MixGRPO-Flash"):

@@ -40,7 +40,8 @@ from verl_omni.pipelines.wan2_2.training_adapter import (
 )
 
 # videos per VAE decode call: the Wan2.2 VAE decoding 8 videos of 832×480×33 at once asked for more than an 80 GB
-# H100 had beside the 5B transformer (out of memory in the decode, docs/perf/gpu.md "Wan2.2"), while 4 fit
+# H100 had beside the 5B transformer (out of memory in the decode, benchmarks/results/models_gpu.md "Wan2.2"),
+# while 4 fit
 VAE_DECODE_CHUNK = 2
 
 

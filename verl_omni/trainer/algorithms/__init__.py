@@ -1,6 +1,6 @@
 """RL algorithms as plug-ins: one module each, chosen with the Hydra group ``algorithm=<name>``.
 
-The contract is :mod:`verl_omni.trainer.algorithms.base`; ``docs/algorithms.md`` says how to add one.
+The contract is :mod:`verl_omni.trainer.algorithms.base`; ``docs/extending/algorithm.md`` says how to add one.
 """
 
 from verl_omni.pipelines.model_base import ODE_SAMPLES, ROLLOUT_RECORDS, SDE_WINDOW

@@ -11,7 +11,7 @@ An algorithm is one module of :mod:`verl_omni.trainer.algorithms` (``<name>.py``
   class methods (the advantage, the phases, the cross-node checks).
 
 The trainer loop, the actor, the engine and the replay read these declarations, computed once when
-they are built; none of them tests an algorithm name (``docs/algorithms.md``). Built-in algorithms
+they are built; none of them tests an algorithm name (``docs/extending/algorithm.md``). Built-in algorithms
 register on the first lookup (every module of this package is imported); an out-of-tree one is an
 installed distribution with an entry point ``<name> = "<module>:<AlgorithmClass>"`` in the group
 :data:`ALGORITHM_ENTRY_POINT_GROUP`, loaded when its name is first looked up.
@@ -53,7 +53,7 @@ class AlgorithmConfig(BaseConfig):
         drop_zero_std_groups (bool): leave the samples of prompt groups whose rewards are all equal out of
             the update: the loss is the mean over the other samples (default False: over all samples, the
             equal groups adding zero-advantage terms). A step where every group is such a group makes no
-            update. The Flow-GRPO authors' training script filters them (``docs/algorithms.md``).
+            update. The Flow-GRPO authors' training script filters them (``docs/guide/algorithms.md``).
     """
 
     name: str = DEFAULT_ALGORITHM
@@ -222,7 +222,7 @@ ALGORITHMS: Registry = Registry(
         "Add a module verl_omni/trainer/algorithms/<name>.py with an Algorithm subclass decorated "
         "@register_algorithm('<name>') and a config verl_omni/trainer/config/algorithm/<name>.yaml, or install a "
         f"package declaring an entry point in group {ALGORITHM_ENTRY_POINT_GROUP!r}: "
-        "'<name> = \"<module>:<AlgorithmClass>\"' (docs/algorithms.md)."
+        "'<name> = \"<module>:<AlgorithmClass>\"' (docs/extending/algorithm.md)."
     ),
 )
 

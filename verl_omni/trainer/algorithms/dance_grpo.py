@@ -1,5 +1,5 @@
 """DanceGRPO (Xue et al., 2025, arXiv:2505.07818): GRPO on the rectified-flow SDE, trained on a random fraction
-of the denoising steps (``docs/algorithms.md``, "DanceGRPO").
+of the denoising steps (``docs/design.md``, "DanceGRPO").
 
 What differs from Flow-GRPO, and where it lives:
 
@@ -138,5 +138,5 @@ class DanceGRPO(Algorithm):
             raise ValueError(
                 f"algorithm=dance_grpo samples with DanceGRPO's SDE step: set {ROLLOUT}.sde_type=dance "
                 f"(got {configs.rollout.sde_type!r}); the authors' recipe also sets {ROLLOUT}.same_initial_noise=true "
-                f"and {ROLLOUT}.sde_window_size={ROLLOUT}.num_inference_steps (docs/algorithms.md)"
+                f"and {ROLLOUT}.sde_window_size={ROLLOUT}.num_inference_steps (docs/guide/algorithms.md)"
             )

@@ -11,7 +11,7 @@ weighted by the optimality probability r ∈ [0, 1] of each sample (its group-no
 and mapped to [0, 1]): r·‖v⁺ − v‖² + (1 − r)·‖v⁻ − v‖² (paper eq. 8; the authors' code measures both terms on
 the implied x_0 with an adaptive per-sample weight, which is what :func:`nft_policy_loss` computes). The old
 policy is an EMA of the trained LoRA kept as a second adapter on the same base (``Phases.old_policy_adapter``).
-Formulas, sections and equation numbers: ``docs/algorithms.md``.
+Formulas, sections and equation numbers: ``docs/design.md``, "DiffusionNFT".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Flow-GRPO (Liu et al., 2025, arXiv:2505.05470): group-normalized advantages, clipped ratio per SDE step.
 
-The math lives in :mod:`verl_omni.trainer.flowgrpo.core_algos` (``docs/flow_grpo_math.md``); this module
-binds it to the algorithm contract: the ``algorithm`` node's dataclass, the per-step loss over a
+The math lives in :mod:`verl_omni.trainer.flowgrpo.core_algos` (``docs/design.md``, "Advantage and loss
+(Flow-GRPO)"); this module binds it to the algorithm contract: the ``algorithm`` node's dataclass, the per-step loss over a
 replayed micro-batch, and the declarations the trainer reads (an SDE window with log-probs; the
 old log-prob phase unless the rollout's are used; the reference phase when ``actor.kl_beta > 0``).
 """

@@ -1,6 +1,6 @@
 """GRPO-Guard (Wang et al., 2025, arXiv:2510.22319) on Flow-GRPO's ``sde`` sampler.
 
-Flow-GRPO's clipped ratio, with two changes of the loss (``docs/algorithms.md``, GRPO-Guard):
+Flow-GRPO's clipped ratio, with two changes of the loss (``docs/design.md``, "GRPO-Guard"):
 
 * **ratio normalization** (RatioNorm): at one SDE step the log-ratio log π_θ − log π_old of a
   transition drawn from π_old has mean −‖μ_θ − μ_old‖²/(2σ²) (σ = s·√−Δt, the step's std), so

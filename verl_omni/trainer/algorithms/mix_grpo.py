@@ -1,5 +1,5 @@
 """MixGRPO (Li et al., 2025, arXiv:2507.21802): SDE inside a window that slides with training, ODE outside it,
-GRPO on the window's steps only (``docs/algorithms.md``, "MixGRPO").
+GRPO on the window's steps only (``docs/design.md``, "MixGRPO").
 
 What differs from Flow-GRPO, and where it lives:
 
@@ -71,7 +71,7 @@ class MixGRPO(Algorithm):
                 f"algorithm=mix_grpo slides one SDE window with training: set {ROLLOUT}.sde_window_schedule="
                 f"progressive (got {rollout.sde_window_schedule!r}); the authors: {ROLLOUT}.sde_window_size=4, "
                 f"sde_window_stride=1, sde_window_shift_every=25 (MixGRPO-Flash: ode_solver=dpmsolver++, "
-                "ode_post_window_ratio=0.4; docs/algorithms.md)"
+                "ode_post_window_ratio=0.4; docs/guide/algorithms.md)"
             )
         if rollout.sde_window_size >= rollout.num_inference_steps:
             raise ValueError(

@@ -14,7 +14,8 @@ from verl.base_config import BaseConfig
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
 # verl's ``trainer.v1.trainer_mode`` names: sync (generate, then train) and separate_async (generation of the next
-# steps overlaps training, rollout and actor on separate devices; docs/trainer.md, separate-pools asynchronous mode)
+# steps overlaps training, rollout and actor on separate devices; docs/guide/scale.md, "Separate-pools asynchronous
+# mode")
 TRAINER_MODES = ("sync", "separate_async")
 
 
@@ -40,7 +41,8 @@ class FlowGRPOTrainerConfig(BaseConfig):
         default_hdfs_dir (str | None): not supported (must be None).
         resume_mode (str): ``auto`` (resume the run in ``default_local_dir`` from its newest complete
             ``global_step_*``), ``disable`` (start a new run; refused when ``default_local_dir`` holds
-            one), or ``resume_path`` (``resume_from_path``). See ``docs/trainer.md``, output directory.
+            one), or ``resume_path`` (``resume_from_path``). See ``docs/guide/training.md``, "Output directory and
+            resume".
         resume_from_path (str | None): a complete ``global_step_<N>`` directory, for ``resume_path``.
         overwrite_output_dir (bool): delete an earlier run found in ``default_local_dir``
             (``metrics.jsonl``, checkpoints, tracker, ``images/``, ``tensorboard/``) and start over;
@@ -55,7 +57,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
         builtin_dir (str): where ``builtin://`` paths (tiny model, built-in prompts) are built once.
         trainer_mode (str): ``sync`` (each step samples with the current weights, then trains) or
             ``separate_async`` (verl's name: rollout and actor on separate devices, the generation of the
-            next steps runs while the actor trains; needs ``colocate_rollout=false``). ``docs/trainer.md``.
+            next steps runs while the actor trains; needs ``colocate_rollout=false``). ``docs/guide/scale.md``.
         max_staleness (int): ``separate_async``: how many updates a batch's sampling weights may lag the
             policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
             k-1's update); also how many generations run ahead of training. Ignored by ``sync``.

@@ -140,7 +140,7 @@ def _check_model(configs: FlowGRPOConfigs) -> None:
         raise ValueError(
             f"actor_rollout_ref.actor.use_rollout_log_probs=true with {adapter.__name__}: its rollout computes in "
             f"{adapter.rollout_dtype} on every device, so its log-probs differ from the actor's by more than the "
-            "clip range allows (docs/bagel.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
+            "clip range allows (docs/guide/models.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
             "actor recomputes log pi_old"
         )
 

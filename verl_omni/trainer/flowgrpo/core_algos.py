@@ -118,7 +118,8 @@ def compute_flow_grpo_policy_loss(
     ref_prev_sample_mean: torch.Tensor | None = None,
     std_dev_t: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped Flow-GRPO loss for one replayed step, plus β·KL to the reference (DESIGN.md §2).
+    """Clipped Flow-GRPO loss for one replayed step, plus β·KL to the reference (docs/design.md, "Advantage and loss
+    (Flow-GRPO)").
 
     L = mean[max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))] + β·mean[mean((μ_θ − μ_ref)²) / (2s²)], ρ = exp(log π_θ − log π_old).
 

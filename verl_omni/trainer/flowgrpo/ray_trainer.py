@@ -9,7 +9,7 @@ phases, each one timer around one method taking ``(batch, metrics)``; mode diffe
 name and renamed when complete; resumed only from a complete one; the directory locked). It
 overrides the data path: verl's v1 loop moves token sequences through TransferQueue with nested
 response tensors, while a diffusion batch is a plain ``DataProto`` of images, latents and prompt
-embeddings (``docs/trainer.md``, batch flow). Processes: the trainer (this, in the driver), the
+embeddings (``docs/guide/training.md``, "The step"). Processes: the trainer (this, in the driver), the
 actor worker group (``DiffusionActorWorker``, one Ray actor per rank, FSDP2), the vLLM-Omni rollout
 replicas with their load balancer and agent-loop workers, and the reward loop workers.
 """
@@ -72,18 +72,20 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.checkpoint_callback = build_checkpoint_callback(config)
         self.trainer_mode = "sync"
         self.use_critic = False
-        # the algorithm's declarations decide the optional phases and what the actor is sent (docs/algorithms.md)
+        # the algorithm's declarations decide the optional phases and what the actor is sent (docs/guide/algorithms.md)
         self.algorithm = configs.algorithm_cls
         phases = self.algorithm.phases(configs.algorithm, configs.actor)
         self.use_reference_policy, self.recompute_old_log_prob = phases.reference, phases.old_log_prob
         self.old_outputs = list(phases.old_outputs)
         self.loss_keys = self.algorithm.build_loss(configs.actor, configs.algorithm).required_keys
-        # groups whose rewards are all equal leave the update: the actor gets a per-sample mask (docs/algorithms.md)
+        # groups whose rewards are all equal leave the update: the actor gets a per-sample mask
+        # (docs/guide/algorithms.md)
         self.drop_zero_std_groups = configs.algorithm.drop_zero_std_groups
         self.update_keys = self.loss_keys + ((SAMPLE_MASK_KEY,) if self.drop_zero_std_groups else ())
         self.colocate = configs.trainer.colocate_rollout
         self.n = configs.rollout.n
-        # what the actor replays (docs/actor.md, batch format): the recorded trajectory and the model's conditioning
+        # what the actor replays (docs/design.md, "The actor's batch"): the recorded trajectory and the
+        # model's conditioning
         uses_cfg = configs.rollout.sampling_spec(adapter=configs.model.adapter).uses_cfg
         trajectory = get_replay(self.algorithm.rollout_record).trajectory_keys
         self.replay_keys = trajectory + configs.model.adapter.required_keys(uses_cfg)
@@ -196,7 +198,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         metrics.update({k: float(v) for k, v in output.meta_info.pop("timing", {}).items()})
         sizes = self._new_engine_batches()
         if sizes:
-            # a step's group requests should share few transformer batches (docs/perf/gpu.md)
+            # a step's group requests should share few transformer batches (docs/perf.md)
             metrics["rollout/engine_batches"] = float(len(sizes))
             metrics["rollout/requests_per_engine_batch"] = float(np.mean(sizes))
         return output
@@ -219,7 +221,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         old = self.actor_rollout_wg.compute_log_prob(self._old_policy_request(batch)).batch
         batch.batch.update(old)
         if "rollout_log_probs" in batch.batch.keys():
-            # the actor replays what the rollout sampled: they agree to numerics (docs/actor.md)
+            # the actor replays what the rollout sampled: they agree to numerics (docs/guide/training.md)
             diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
             metrics["old_log_prob/rollout_diff_max"] = diff
             clip = self.configs.actor.clip_ratio

@@ -92,7 +92,7 @@ class WorkerSetup:
 
         Every worker process imports torch and verl before it does anything: tens of seconds each on a busy
         2-core machine, one after the other when each start waited for the last (docs/development.md,
-        "Suite time"). Here the actor's ranks load the model while the replicas start, and the agent-loop
+        "Keeping the suite fast"). Here the actor's ranks load the model while the replicas start, and the agent-loop
         workers start with the replicas (``_init_rollout``). A standalone rollout needs nothing of the
         actor, so the actor's worker group (whose creation waits for its rank 0) starts in a thread beside
         it; a colocated one needs the group, and on accelerators the loaded model too (vLLM sizes its
@@ -126,7 +126,7 @@ class WorkerSetup:
         from verl.single_controller.ray import RayResourcePool
 
         trainer = self.configs.trainer
-        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (DESIGN.md §6)
+        # on CPU each bundle reserves max_colocate_count logical CPUs: one per rank (docs/design.md, "verl on the CPU")
         colocate_count = {"max_colocate_count": 1} if self.device == "cpu" else {}
         return RayResourcePool(
             [trainer.n_gpus_per_node] * trainer.nnodes,

@@ -1,4 +1,4 @@
-"""Reward scorers for generated images and videos, selected by name (see ``docs/reward.md``).
+"""Reward scorers for generated images and videos, selected by name (see ``docs/guide/rewards.md``).
 
 Importing this package registers every built-in scorer: it imports every module in this folder,
 so a new scorer is a new module here whose class is decorated with ``@register_scorer("<name>")``

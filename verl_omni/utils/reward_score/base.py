@@ -119,7 +119,7 @@ class Scorer(ABC):
         model-based scorers, ``"cpu"`` for the others (model-free, or the model is behind HTTP).
 
         The reward config reads it to check that a scorer asking for a GPU runs in reward workers
-        that have one (``reward.diffusion.num_gpus_per_worker``, docs/reward.md, "Devices").
+        that have one (``reward.diffusion.num_gpus_per_worker``, docs/guide/rewards.md, "Devices").
         """
         return str(getattr(params, "device", "cpu"))
 

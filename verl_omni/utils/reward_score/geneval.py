@@ -235,7 +235,8 @@ class GenEvalScorer(Scorer):
         return scores
 
     async def detect(self, batch: ScoreBatch, indices: range, metadata: list[dict]) -> list[dict[str, list[Detection]]]:
-        """Ask the server for the detections of the images at ``indices`` (the request schema in docs/reward.md)."""
+        """Ask the server for the detections of the images at ``indices`` (the request schema in
+        docs/guide/rewards.md)."""
         p = self.params
         payload = {
             "images": [image_to_png_base64(batch.images[i]) for i in indices],

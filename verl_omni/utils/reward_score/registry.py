@@ -26,7 +26,7 @@ SCORERS: Registry[type[Scorer]] = Registry(
     how_to_add=(
         "Add a scorer as a module in verl_omni/utils/reward_score/ decorating a Scorer subclass with "
         "@register_scorer('<name>'), or install a package declaring an entry point in group "
-        f"{SCORER_ENTRY_POINT_GROUP!r}: '<name> = \"<module>:<ScorerClass>\"' (docs/reward.md)."
+        f"{SCORER_ENTRY_POINT_GROUP!r}: '<name> = \"<module>:<ScorerClass>\"' (docs/extending/scorer.md)."
     ),
 )
 

@@ -90,7 +90,7 @@ def get_builder(name: str) -> Callable[..., Path]:
         f"verl_omni/pipelines/<name>/{MODEL_PACKAGE_MODULE}.py defining {BUILDER_PREFIX}<name>(out_dir, seed=0, "
         "dtype='float32'), "
         f"or install a package declaring an entry point in group {TINY_MODEL_ENTRY_POINT_GROUP!r}: "
-        "'<name> = \"<module>:<function>\"' (docs/models.md)."
+        "'<name> = \"<module>:<function>\"' (docs/extending/model.md)."
     )
 
 

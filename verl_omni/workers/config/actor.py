@@ -28,14 +28,14 @@ class DiffusionActorConfig(BaseConfig):
         ppo_epochs (int): passes over the batch per update.
         shuffle (bool): shuffle samples between epochs (seeded by ``seed`` and the epoch).
         clip_ratio (float): ε of the ratio clip of the clipped-ratio algorithms (1e-4 with ``sde`` in
-            Flow-GRPO); the loss itself is the algorithm's (``algorithm=<name>``, ``docs/algorithms.md``).
+            Flow-GRPO); the loss itself is the algorithm's (``algorithm=<name>``, ``docs/guide/algorithms.md``).
         kl_beta (float): β of the KL to the reference (LoRA disabled; full fine-tuning: a frozen copy of the
             base transformer, one more sharded weight copy); 0 skips the reference.
         seed (int): shuffling seed.
         use_rollout_log_probs (bool): take log π_old from the rollout's ``rollout_log_probs``
             instead of recomputing it with the actor (skips the ``old_log_prob`` phase). Valid
             because the rollout always samples with the actor's current weights (synced every
-            step); the two agree to numerics (``docs/actor.md``).
+            step); the two agree to numerics (``docs/guide/training.md``).
         rollout_log_prob_check_freq (int): with ``use_rollout_log_probs``, every this many steps the actor still
             replays the batch (the ``old_log_prob`` phase; the loss keeps the rollout's log-probs) and logs the
             gap as ``old_log_prob/rollout_diff_max``: the bypass assumes that gap is numerics, and a rollout that
@@ -48,11 +48,11 @@ class DiffusionActorConfig(BaseConfig):
             (0, 1). Refused with LoRA (``model.lora.rank`` > 0, checked with the model in
             ``verl_omni.trainer.config.validation``): a LoRA update is the product of two trained factors, and an
             average of the factors is not the average of the products, so it would not be an average of the
-            policies trained (``docs/actor.md``).
+            policies trained (``docs/guide/training.md``).
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
         checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
-            transformer, and exact-resume state, ``docs/actor.md``).
+            transformer, and exact-resume state, ``docs/guide/training.md``).
     """
 
     ppo_mini_batch_size: int = 8

@@ -26,8 +26,8 @@ class DiffusionLoraConfig(BaseConfig):
     Args:
         rank (int): LoRA rank r; 0 is full fine-tuning: every transformer parameter trains, sharded with its
             gradients and optimizer state over the actor ranks, and the rollout gets full weights in checked
-            buckets (``docs/actor.md``, full fine-tuning); a KL term (``actor.kl_beta > 0``) then keeps a frozen
-            copy of the base transformer as the reference.
+            buckets (``docs/guide/training.md``, "Full fine-tuning"); a KL term (``actor.kl_beta > 0``) then keeps
+            a frozen copy of the base transformer as the reference.
         alpha (int): LoRA alpha; the update is scaled by alpha / r.
         target_modules (list[str] | None): module names to adapt; None takes the adapter's
             ``lora_target_modules`` (the architecture's usual choice).
@@ -38,7 +38,8 @@ class DiffusionLoraConfig(BaseConfig):
             (``W + alpha / r * B @ A``, rounded once to the rollout's dtype) instead of the adapter: the rollout runs
             plain linears, 1.21x faster than serving the r64 adapter at the OCR recipe's shape (compiled, an H100).
             Its log-probs then carry the merge's rounding too (logged each step, ``old_log_prob/rollout_diff_max``).
-            Needs rank > 0 and a model with a full-weight sync. Default False. docs/rollout.md.
+            Needs rank > 0 and a model with a full-weight sync. Default False. docs/guide/training.md, "Weight sync to
+            the rollout".
     """
 
     rank: int = 32
@@ -82,7 +83,7 @@ class DiffusionModelConfig(BaseConfig):
             gradient checkpointing around it left eager). Fuses the elementwise kernels between the GEMMs
             (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step of each micro-batch shape
             pays the compile. Off by default (CPU runs and tests would pay the compile for nothing);
-            ``docs/perf/gpu.md`` has its measured effect on the replay.
+            ``docs/perf.md`` has its measured effect on the replay.
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """
 

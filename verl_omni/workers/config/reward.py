@@ -32,7 +32,7 @@ class ScorerConfig(BaseConfig):
             scorer is left out of the weighted mean of the affected samples. Default True.
         params (dict): scorer parameters, checked by the scorer's own params dataclass.
         frame_stride (int): on video samples ``[F, 3, H, W]``, score frames ``0, s, 2s, ...`` only;
-            an image scorer's score is the mean over those frames (docs/reward.md, "Videos"). Default 1.
+            an image scorer's score is the mean over those frames (docs/guide/rewards.md, "Videos"). Default 1.
     """
 
     type: str = ""
@@ -81,7 +81,7 @@ class DiffusionRewardConfig(BaseConfig):
             0 for none; required > 0 when a scorer's ``params.device`` is a GPU. Default 0.
         resource_pool (str): where those GPUs come from: ``own`` (GPUs of their own, outside the
             actor's placement groups) or ``actor`` (a share of the actor's GPUs: the workers are placed
-            round-robin on the actor's bundles). Default ``own``. Layouts: docs/reward.md, "Devices".
+            round-robin on the actor's bundles). Default ``own``. Layouts: docs/guide/rewards.md, "Devices".
         image_key (str): ``DataProto.batch`` key of the uint8 images ``[B, 3, H, W]`` or videos
             ``[B, F, 3, H, W]``. Default ``responses``.
         prompt_key (str): ``non_tensor_batch`` key of the prompt (text or chat messages). Default ``raw_prompt``.

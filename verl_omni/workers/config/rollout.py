@@ -79,7 +79,7 @@ class DiffusionRolloutConfig(RolloutConfig):
         ode_post_window_ratio (float): share of the steps after the window the ODE takes, in (0, 1]. "After the
             window" is after the shared window (``"progressive"``) or after r1 of ``sde_window_range``
             (``"random"``, which then needs r1 < T): steps no window can cover, so below 1 saves model calls
-            and leaves the recorded steps exact (``SamplingSpec``; docs/rollout.md). Default 1.0 (off: its
+            and leaves the recorded steps exact (``SamplingSpec``; docs/guide/rollout.md). Default 1.0 (off: its
             reward effect is not shown neutral yet).
         model_kwargs (dict): model-specific sampling settings, sent with every request and replayed by the
             actor (``SamplingSpec.model_kwargs``); the keys the model adapter's ``sampling_keys`` names (BAGEL:
@@ -97,7 +97,7 @@ class DiffusionRolloutConfig(RolloutConfig):
             after each update: ``"auto"`` picks by placement (CUDA IPC colocated on CUDA, ``"collective"`` for
             separate pools on CUDA, ``"host"`` on the CPU); ``"host"``, ``"ipc"`` (needs the rollout colocated on
             CUDA) or ``"collective"`` (needs separate pools; NCCL on CUDA, gloo on the CPU) force one. Default
-            ``"auto"``. docs/actor.md.
+            ``"auto"``. docs/guide/training.md, "Weight sync to the rollout".
         checkpoint_engine (CheckpointEngineConfig): (verl's node) only ``update_weights_bucket_megabytes`` is read:
             the bucket bound of full fine-tuning's weight sync (``workers/rollout/weight_buckets.py``). Default 2048.
     """

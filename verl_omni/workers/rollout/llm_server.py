@@ -10,7 +10,7 @@ The same two roles as verl's ``verl/workers/rollout/llm_server.py``, for ``vllm_
   forwards the caller's ``request_id`` unchanged (request tracing, abort by id), and it routes on
   the caller's ``routing_key`` (the row's ``uid`` by default) and the request's image count, so the
   ``rollout.n`` copies of a prompt land on one replica and the balancer weighs a ``generate_batched``
-  of N images as N (``docs/routing.md``).
+  of N images as N (``docs/guide/scale.md``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class OmniLLMServerManager(LLMServerManager):
     replica, so that the agent-loop workers can start on its client, then :meth:`launch_replicas` starts the
     replicas and adds them to the balancer. Each worker process imports torch and verl (tens of seconds on
     a busy 2-core machine): this way the agent-loop workers' start overlaps the engines' instead of
-    following it (docs/development.md, "Suite time").
+    following it (docs/development.md, "Keeping the suite fast").
     """
 
     def __init__(self, config, worker_group=None, rollout_resource_pool=None, start_rank: int = 0):

@@ -16,7 +16,7 @@ transport is not this module's: on CPU buckets travel through Ray's object store
 node, ``weight_sync.push_full_weights``) and the engine's worker RPC; colocated on a GPU a bucket stays on
 the device and only its CUDA IPC handle travels (:mod:`~verl_omni.workers.rollout.device_share`); separate
 pools on GPUs broadcast it from actor rank 0 to every rollout worker over NCCL
-(:mod:`~verl_omni.workers.rollout.collective_share`; ``docs/actor.md``, full fine-tuning).
+(:mod:`~verl_omni.workers.rollout.collective_share`; ``docs/guide/training.md``, "Full fine-tuning").
 """
 
 from __future__ import annotations

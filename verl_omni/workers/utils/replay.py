@@ -33,8 +33,8 @@ from verl_omni.workers.engine.fsdp.old_adapter import has_old_adapter, old_adapt
 
 logger = logging.getLogger(__name__)
 
-# per-sample tensors every replayed batch carries (DESIGN.md §3, rollout ``extra_fields``); the model's
-# conditioning tensors come on top (``ModelAdapter.required_keys``)
+# per-sample tensors every replayed batch carries (docs/design.md, "Data contracts": the rollout's ``extra_fields``);
+# the model's conditioning tensors come on top (``ModelAdapter.required_keys``)
 TRAJECTORY_KEYS = ("all_latents", "all_timesteps")
 
 
@@ -228,7 +228,9 @@ class ODESamplesReplay:
 REPLAYS: Registry = Registry(
     "replay",
     check=inspect.isclass,
-    how_to_add="Register a replay class for the record with @register_replay('<record>') (docs/algorithms.md).",
+    how_to_add=(
+        "Register a replay class for the record with @register_replay('<record>') (docs/extending/algorithm.md)."
+    ),
 )
 register_replay = REPLAYS.register
 register_replay(SDE_WINDOW)(SDEWindowReplay)

@@ -38,7 +38,8 @@ MODELS = {
 # the empty one when none is sent
 NEGATIVE_PROMPT = {"qwen_image_edit": " ", "qwen_image_edit_plus": " "}
 # max |rollout log-prob − actor replay| with both sides in bf16: the Qwen-Image bf16 trainer run measured
-# 5.4e-3 (docs/gpu.md) and its test allows 10 × max(step 1's difference, 1e-3); the floor's 10 × 1e-3 here
+# 5.4e-3 (benchmarks/results/gpu_tests.md) and its test allows 10 × max(step 1's difference, 1e-3); the floor's
+# 10 × 1e-3 here
 REPLAY_BOUND_BF16 = 1e-2
 SAMPLES = 4
 

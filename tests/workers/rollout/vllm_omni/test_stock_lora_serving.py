@@ -8,7 +8,7 @@ base one, and a request without LoRA after it must give the base image again, to
 
 Z-Image is not here: vLLM-Omni 0.26's own ``ZImagePipeline`` builds its transformer with the released
 model's sizes whatever ``transformer/config.json`` says, so it cannot load the tiny checkpoint at all
-(``docs/models.md``). Its LoRA directory is served from file by vLLM-Omni's LoRA manager in the rollout
+(``docs/guide/models.md``). Its LoRA directory is served from file by vLLM-Omni's LoRA manager in the rollout
 engine instead (``test_diffusers_rollout_engine.py``, equal to the in-memory sync bit for bit).
 """
 

@@ -81,7 +81,8 @@ def release_host_memory() -> None:
     Loading a checkpoint fills the heap with its CPU tensors; once they are on the device (or in the offload's own
     buffers) the pages stay in this process's resident size. On one 80 GB GPU shared with a sleeping rollout, whose
     weights wait in host memory too, the host ran out with the actor process 22 GB above its 40 GB of offloaded
-    parameters (``docs/perf/gpu.md``, the H100); whether this trim is what that run lacked is not measured yet.
+    parameters (``benchmarks/results/qwen_image_recipe.md``, the H100); whether this trim is what that run lacked
+    is not measured yet.
     """
     import gc
 

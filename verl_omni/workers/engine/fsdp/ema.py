@@ -1,6 +1,6 @@
 """An exponential moving average (EMA) of the trained transformer, for validation and export (full fine-tuning).
 
-With ``actor.ema_decay`` = d > 0 (``docs/actor.md``) every actor rank keeps, on the host, an fp32 copy of its
+With ``actor.ema_decay`` = d > 0 (``docs/guide/training.md``) every actor rank keeps, on the host, an fp32 copy of its
 local shards of every trainable tensor, starting equal to the weights the run starts from, and after each
 optimizer step sets ``ema ← d·ema + (1 − d)·θ``, tensor by tensor: FSDP2 shards the parameters element-wise,
 so the EMA of the shards is the shard of the EMA and no rank communicates. The copy costs 4 bytes per local

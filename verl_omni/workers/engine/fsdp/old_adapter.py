@@ -1,7 +1,7 @@
 """The old policy as a second peft adapter on the trained module: an EMA of the trained LoRA.
 
 An algorithm whose old (sampling) policy trails the trained one (DiffusionNFT's soft update
-θ_old ← η·θ_old + (1 − η)·θ, ``docs/algorithms.md``) declares ``Phases.old_policy_adapter``; the engine
+θ_old ← η·θ_old + (1 − η)·θ, ``docs/guide/algorithms.md``) declares ``Phases.old_policy_adapter``; the engine
 then adds, next to the trained adapter ``default``, an adapter :data:`OLD_ADAPTER_NAME` with the same
 peft config, frozen, starting equal to the trained one. It is sharded like the trained adapter (it is
 added before FSDP wraps the module), so the EMA is an element-wise update of each rank's shards, and

@@ -1,8 +1,8 @@
 """Earlier versions of the trained weights, kept on each rank to replay the policy that sampled a batch.
 
 With ``trainer.trainer_mode=separate_async`` a batch is sampled with weights up to ``trainer.max_staleness``
-updates older than the actor's (``docs/trainer.md``). The ratio divides by the rollout's log-prob of those
-weights; the actor checks it by replaying the batch with the same weights. Each rank keeps, on the host, a
+updates older than the actor's (``docs/guide/scale.md``, "Separate-pools asynchronous mode"). The ratio divides by the
+rollout's log-prob of those weights; the actor checks it by replaying the batch with the same weights. Each rank keeps, on the host, a
 copy of its local shards of every trainable tensor (the LoRA; the whole transformer with full fine-tuning)
 for each version a queued batch was sampled with, and swaps it in for that replay. verl's decoupled PPO keeps
 its old policy the same way (``DetachActorWorker.save_model_to_cpu`` / ``restore_model_from_cpu``).

@@ -1,4 +1,4 @@
-"""What a diffusion rollout returns per sample (DESIGN.md §3)."""
+"""What a diffusion rollout returns per sample (docs/design.md, "Data contracts")."""
 
 from __future__ import annotations
 
