@@ -239,7 +239,7 @@ def condition_area(args):
     if args.condition_area is None:
         yield
         return
-    from verl_omni.platforms.cpu_patches import qwen_image_edit_condition_area
+    from verl_omni.utils.vllm_omni_compat import qwen_image_edit_condition_area
 
     with qwen_image_edit_condition_area(args.condition_area) as in_place:
         if not in_place:

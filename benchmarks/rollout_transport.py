@@ -171,10 +171,15 @@ def main(argv=None) -> dict:
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
     from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
-    from verl_omni.platforms import cpu_patches
 
-    # the hook the general plugin installs in the engine's process (absent from trees before it)
-    hook = getattr(cpu_patches, "patch_final_pixels_postprocess", None)
+    # the hook the general plugin installs in the engine's process; the benchmark also runs on older trees, which
+    # keep it beside the CPU patches or lack it
+    try:
+        from verl_omni.utils.vllm_omni_compat import patch_final_pixels_postprocess as hook
+    except ImportError:
+        from verl_omni.platforms import cpu_patches
+
+        hook = getattr(cpu_patches, "patch_final_pixels_postprocess", None)
     hooked = bool(hook and hook())
     device = torch.device(args.device)
     params = OmniDiffusionSamplingParams(height=args.size, width=args.size, num_outputs_per_prompt=args.n)

@@ -1,7 +1,8 @@
 """What verl's ``verl.plugins`` entry point imports, in the driver and in every Ray worker.
 
-It imports the modules whose import registers something (advantage estimators, losses, engines,
-rollout backends, scorers) and does nothing else. verl logs plugin import errors at DEBUG only,
+It imports the modules whose import registers something with verl (the CPU platform, the reward manager and
+scorers, the rollout backend) and does nothing else; algorithms register themselves on their first lookup
+(:data:`verl_omni.algorithms.ALGORITHMS`), in whichever process asks. verl logs plugin import errors at DEBUG only,
 so ``tests/sanity/test_plugin.py`` asserts that every registration below really happened.
 """
 
@@ -9,7 +10,6 @@ import importlib
 
 REGISTERING_MODULES = (
     "verl_omni.platforms.verl_cpu",
-    "verl_omni.trainer.flowgrpo.core_algos",
     "verl_omni.reward_loop",
     "verl_omni.workers.rollout.vllm_omni",
 )

@@ -25,7 +25,7 @@ from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import FlowMatchSDEDiscreteScheduler, schedule_sigmas
-from verl_omni.platforms import cpu_patches
+from verl_omni.utils import vllm_omni_compat
 from verl_omni.workers.rollout.vllm_omni.engine import unpack_request_output
 from verl_omni.workers.rollout.vllm_omni.schemas import own_storage
 
@@ -71,7 +71,7 @@ def test_pixels_are_the_stock_post_process_pixels(dtype):
 
 
 def test_a_small_tensor_is_copied_out_of_its_base_and_a_large_one_left_in_place():
-    threshold = cpu_patches.shm_tensor_threshold()
+    threshold = vllm_omni_compat.shm_tensor_threshold()
     large = torch.zeros(threshold // 4 + 1)
     base = torch.zeros(4, threshold // 16)
     small = rollout_output.for_transport(base[1])
@@ -111,7 +111,7 @@ def conditioning(recorder: RolloutRecorder) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def hooked():
-    assert cpu_patches.patch_final_pixels_postprocess()
+    assert vllm_omni_compat.patch_final_pixels_postprocess()
 
 
 def engine_for(model_class: str, tmp_path):
@@ -164,7 +164,7 @@ def through_the_engine(output, engine, n: int, segments: list | None = None):
 def requests_samples(engine, stock_layout: bool, monkeypatch) -> list[list]:
     """Each request's samples through the engine, from final pixels or (a version off the gap) the stock layout."""
     if stock_layout:
-        off_gap = functools.partial(cpu_patches.final_pixels_passthrough, "0.27.0")
+        off_gap = functools.partial(vllm_omni_compat.final_pixels_passthrough, "0.27.0")
         monkeypatch.setattr(rollout_output, "final_pixels_passthrough", off_gap)
     recorder = recorded()
     images = decoded_images(recorder.num_samples)
@@ -229,6 +229,6 @@ def test_the_hook_keeps_the_post_process_signature_the_engine_inspects(hooked):
     def without(images):
         return images
 
-    wrapped = cpu_patches._passing_final_pixels(with_params)
+    wrapped = vllm_omni_compat._passing_final_pixels(with_params)
     assert _func_accepts_parameter(wrapped, "sampling_params")
-    assert not _func_accepts_parameter(cpu_patches._passing_final_pixels(without), "sampling_params")
+    assert not _func_accepts_parameter(vllm_omni_compat._passing_final_pixels(without), "sampling_params")

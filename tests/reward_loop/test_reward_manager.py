@@ -12,7 +12,8 @@ from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 
 from verl_omni.reward_loop import DiffusionRewardManager
 from verl_omni.reward_loop.reward_loop import diffusion_manager_cls
-from verl_omni.reward_loop.reward_manager import ground_truth_text, prompt_text
+from verl_omni.reward_loop.reward_manager import ground_truth_text
+from verl_omni.utils.dataset.prompt_dataset import prompt_text
 from verl_omni.utils.reward_score import ScorerError
 from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
 

@@ -16,10 +16,10 @@ def test_importing_verl_alone_registers_everything(fresh_python):
     code = (
         "import verl, sys\n"
         "assert 'verl_omni.plugin' in sys.modules, 'plugin not loaded by verl'\n"
-        "from verl_omni.trainer.flowgrpo import core_algos as c\n"
+        "from verl_omni.algorithms import ALGORITHMS\n"
         "from verl_omni.utils.reward_score.registry import SCORERS\n"
         "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
-        "print('algos', c.ADV_ESTIMATORS.names(), c.POLICY_LOSSES.names())\n"
+        "print('algos', ALGORITHMS.names())\n"
         "print('scorers', SCORERS.names())\n"
         "print('reward_manager', get_reward_manager_cls('diffusion').__name__)\n"
         "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
@@ -27,7 +27,9 @@ def test_importing_verl_alone_registers_everything(fresh_python):
         "print('rollout', replica.__module__, replica.__name__)\n"
     )
     stdout = fresh_python(code)
-    assert "algos ['flow_grpo'] ['flow_grpo']" in stdout
+    (algos,) = [line for line in stdout.splitlines() if line.startswith("algos ")]
+    for algorithm in ("flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft"):
+        assert f"'{algorithm}'" in algos, stdout
     for scorer in (
         "brightness",
         "jpeg_compressibility",

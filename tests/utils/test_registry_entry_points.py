@@ -59,8 +59,8 @@ SOURCES = {
                 return [0.25] * len(batch)
     ''',
     "oot_example/algorithm.py": '''
-        from verl_omni.trainer.algorithms import ODE_SAMPLES
-        from verl_omni.trainer.algorithms.flow_grpo import FlowGRPO
+        from verl_omni.algorithms import ODE_SAMPLES
+        from verl_omni.algorithms.flow_grpo import FlowGRPO
 
 
         class OotAlgorithm(FlowGRPO):
@@ -135,7 +135,7 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
         from verl_omni.pipelines.model_base import TRAINING_ADAPTERS, get_training_adapter
         from verl_omni.utils.reward_score import ScoreBatch, available_scorers, get_scorer_cls
         from verl_omni.utils.tiny_models import available_builders, build_tiny_model
-        from verl_omni.trainer.algorithms import ALGORITHMS, check_model_supports, get_algorithm
+        from verl_omni.algorithms import ALGORITHMS, check_model_supports, get_algorithm
 
         out = {{"adapters": TRAINING_ADAPTERS.names(), "algorithms": ALGORITHMS.names()}}
         out["algorithm_module_imported_by_listing"] = "oot_example.algorithm" in sys.modules

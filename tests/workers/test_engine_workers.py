@@ -15,6 +15,7 @@ def worker_group(ray_driver, tiny_qwen_image_path):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, TrainingWorkerConfig
 
+    from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
     from verl_omni.workers.config.actor import DiffusionActorConfig
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
     from verl_omni.workers.engine_workers import DiffusionActorWorker
@@ -27,7 +28,12 @@ def worker_group(ray_driver, tiny_qwen_image_path):
         checkpoint_config=CheckpointConfig(),
     )
     actor_config = DiffusionActorConfig(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2)
-    cls = RayClassWithInitArgs(cls=ray.remote(DiffusionActorWorker), config=config, actor_config=actor_config)
+    cls = RayClassWithInitArgs(
+        cls=ray.remote(DiffusionActorWorker),
+        config=config,
+        actor_config=actor_config,
+        algorithm_config=FlowGRPOAlgoConfig(),
+    )
     pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
     group = RayWorkerGroup(pool, cls, device_name="cpu")
     group.init_model()

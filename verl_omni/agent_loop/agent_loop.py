@@ -54,11 +54,10 @@ from verl_omni.agent_loop.utils import (
     sample_seed,
 )
 from verl_omni.pipelines.model_base import get_training_adapter
-from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, TRAJECTORY_KEYS
 from verl_omni.utils.dataset.prompt_dataset import row_image_key
 from verl_omni.workers.config.rollout import DiffusionRolloutConfig
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
-from verl_omni.workers.utils.replay import TRAJECTORY_KEYS
 
 logger = logging.getLogger(__name__)
 

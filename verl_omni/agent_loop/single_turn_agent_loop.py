@@ -11,9 +11,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, register
 from verl.utils.profiler import simple_timer
 
 from verl_omni.agent_loop.agent_loop import DiffusionAgentLoopBase, DiffusionAgentLoopOutput
-from verl_omni.reward_loop.reward_manager import prompt_text
 from verl_omni.utils.dataset.edit_prompts import load_row_images
-from verl_omni.utils.dataset.prompt_dataset import row_image_key
+from verl_omni.utils.dataset.prompt_dataset import prompt_text, row_image_key
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)

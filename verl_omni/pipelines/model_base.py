@@ -43,7 +43,7 @@ ADAPTER_MODULE = "training_adapter"
 ADAPTER_ENTRY_POINT_GROUP = "verl_omni.model_adapters"
 
 # what a rollout pipeline can record per sample, besides the image and the conditioning tensors
-# (an algorithm declares the one it needs, ``verl_omni.trainer.algorithms``):
+# (an algorithm declares the one it needs, ``verl_omni.algorithms``):
 # SDE_WINDOW: the W+1 latents, W log-probs and W timesteps of an SDE window (docs/design.md, "Data contracts");
 # ODE_SAMPLES: the clean final latents of a deterministic sample, no log-probs
 SDE_WINDOW = "sde_window"
@@ -286,7 +286,7 @@ def architecture_name(model_path: str | Path) -> str:
 @functools.lru_cache(maxsize=64)
 def get_training_adapter(model_path: str | Path) -> type[ModelAdapter]:
     """The adapter registered for the checkpoint at ``model_path`` (whether it serves the run's algorithm is
-    checked by the config validation, ``verl_omni.trainer.algorithms.check_model_supports``).
+    checked by the config validation, ``verl_omni.algorithms.check_model_supports``).
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     try:

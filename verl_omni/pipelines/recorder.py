@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 # the recorded tensors of one request, by their one name from the pipeline to the loss
 RECORDED_KEYS = ("all_latents", "rollout_log_probs", "all_timesteps", "window_start")
+# the recorded tensors every replayed batch carries (the agent loop stacks them, the replay reads them); the
+# model's conditioning tensors come on top (``ModelAdapter.required_keys``)
+TRAJECTORY_KEYS = ("all_latents", "all_timesteps")
 # the clean final latents of an ODE request (noise level 0), in the layout of ``all_latents``' entries
 CLEAN_LATENTS_KEY = "clean_latents"
 

@@ -11,8 +11,8 @@ its forward, so each request's output here is, batched over its N samples::
 
 * ``image``: the pixels the post-process would have made (:func:`image_pixels`, computed on the device),
   a quarter of the float images' bytes; an envelope whose image is uint8 is final, and the engine passes
-  it through (:func:`is_final_pixels_output`, the hook of gap ``final_pixels_postprocess`` in
-  :mod:`verl_omni.platforms.cpu_patches`).
+  it through (``is_final_pixels_output``, the hook of gap ``final_pixels_postprocess`` in
+  :mod:`verl_omni.utils.vllm_omni_compat`, which owns the envelope's two keys).
 * ``trajectory``: the recorder's tensors and the request's conditioning; the large ones stay on the device
   for the worker's side-stream copy, the small ones are copied now (:func:`for_transport`).
 
@@ -23,16 +23,20 @@ the trajectory is pickled and the images go through PIL). ``engine.unpack_reques
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from verl_omni.platforms.cpu_patches import final_pixels_passthrough, shm_tensor_threshold
+from verl_omni.utils.vllm_omni_compat import (
+    ENVELOPE_KEY,
+    IMAGE_KEY,
+    final_pixels_passthrough,
+    shm_tensor_threshold,
+)
 
 if TYPE_CHECKING:
     from vllm_omni.diffusion.data import DiffusionOutput
 
-IMAGE_KEY = "image"
 TRAJECTORY_KEY = "trajectory"
 
 
@@ -87,13 +91,4 @@ def request_output(images: torch.Tensor, trajectory: dict[str, torch.Tensor]) ->
         IMAGE_KEY: for_transport(image_pixels(images)),
         TRAJECTORY_KEY: {name: for_transport(value) for name, value in trajectory.items()},
     }
-    return DiffusionOutput(output={"payload": payload})
-
-
-def is_final_pixels_output(output: Any) -> bool:
-    """Whether a pipeline output is final: a payload envelope whose image is uint8 pixels (the post-processes
-    this skips turn float images into pixels; no stock pipeline returns uint8 images in an envelope)."""
-    if not isinstance(output, dict) or not isinstance(output.get("payload"), dict):
-        return False
-    image = output["payload"].get(IMAGE_KEY)
-    return isinstance(image, torch.Tensor) and image.dtype == torch.uint8
+    return DiffusionOutput(output={ENVELOPE_KEY: payload})

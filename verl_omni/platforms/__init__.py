@@ -88,10 +88,12 @@ def omni_platform_plugin() -> str | None:
 
 def omni_general_plugin() -> None:
     """Entry point of group ``vllm_omni.general_plugins``: on every device the engine passes our rollouts' final
-    pixels through its post-process (:func:`cpu_patches.patch_final_pixels_postprocess`); on CPU, the CPU
-    runtime patches."""
-    from verl_omni.platforms import cpu_patches
+    pixels through its post-process (:func:`~verl_omni.utils.vllm_omni_compat.patch_final_pixels_postprocess`);
+    on CPU, the CPU runtime patches (:mod:`verl_omni.platforms.cpu_patches`)."""
+    from verl_omni.utils.vllm_omni_compat import patch_final_pixels_postprocess
 
-    cpu_patches.patch_final_pixels_postprocess()
+    patch_final_pixels_postprocess()
     if cpu_platform_enabled():
+        from verl_omni.platforms import cpu_patches
+
         cpu_patches.apply_all()

@@ -1,23 +1,19 @@
-"""The only place where verl_omni patches private vLLM-Omni internals: the version gates live here.
+"""The CPU platform's patches of private vLLM-Omni internals, applied only when that platform is active.
 
-* **CPU patches** (:data:`PATCHES`): each names the upstream gap it fills, checks the vLLM-Omni
-  version it was written for, is idempotent, and is applied only when our CPU platform is active
-  (:func:`verl_omni.platforms.omni_general_plugin`). Remove a patch once vLLM-Omni ships a CPU
-  platform with the same behaviour.
-* **Pipeline gaps** (:data:`PIPELINE_GAPS`, every device): a model pipeline of ours works around a
-  gap of vLLM-Omni's own pipeline only while :func:`gap_open` says the installed version is one
-  the gap was seen open in; on another version the workaround is skipped with a warning naming it.
+Each patch of :data:`PATCHES` names the upstream gap it fills, checks the vLLM-Omni version it was written
+for (:data:`PATCHED_VLLM_OMNI_VERSIONS`), is idempotent, and is applied by
+:func:`verl_omni.platforms.omni_general_plugin` when our CPU platform is active. Remove a patch once vLLM-Omni
+ships a CPU platform with the same behaviour. The gaps worked around on every device are
+:mod:`verl_omni.utils.vllm_omni_compat`'s.
 """
 
 import concurrent.futures
-import functools
-import inspect
-import json
 import logging
 import threading
 import time
 from contextlib import contextmanager
-from pathlib import Path
+
+from verl_omni.utils.vllm_omni_compat import qwen_image_edit_condition_area
 
 logger = logging.getLogger(__name__)
 
@@ -360,163 +356,3 @@ def apply_all(installed_version: str | None = None) -> list[str]:
     for patch in PATCHES.values():
         patch()
     return sorted(_applied)
-
-
-# ---- pipeline gaps (every device) ------------------------------------------------------------
-
-# gap name -> vLLM-Omni versions it was seen open in (each gap's workaround below names it)
-PIPELINE_GAPS = {
-    # vllm_omni/diffusion/models/z_image/pipeline_z_image.py: ``ZImagePipeline.__init__`` calls
-    # ``ZImageTransformer2DModel()`` with the released 6B model's sizes, ignoring ``transformer/config.json``
-    "z_image_transformer_sizes": ("0.26.",),
-    # vllm_omni/diffusion/diffusion_engine.py: ``DiffusionEngine.postprocess_output`` always runs the model's
-    # post-process (SD3, FLUX, Z-Image, Qwen-Image: float images to PIL); a pipeline cannot return final pixels
-    # (only SD3's and FLUX's honour ``output_type="latent"``). Read with it: vllm_omni/diffusion/ipc.py
-    # ``_SHM_TENSOR_THRESHOLD``, above which the worker moves an output tensor through shared memory
-    "final_pixels_postprocess": ("0.26.",),
-    # vllm_omni/diffusion/models/qwen_image/pipeline_qwen_image_edit.py: ``get_qwen_image_edit_pre_process_func``
-    # sizes the source image at a fixed 1024² pixels (``calculate_dimensions(1024 * 1024, ratio)``, a literal in
-    # the pre-process; ``pipeline_qwen_image_edit_plus.py``: the constants ``VAE_IMAGE_SIZE`` and
-    # ``CONDITION_IMAGE_SIZE``): no sampling parameter or engine config sets the stock conditioning area
-    "qwen_image_edit_condition_area": ("0.26.",),
-}
-
-
-def gap_open(name: str, installed: str | None = None) -> bool:
-    """Whether vLLM-Omni ``installed`` (default: the installed one) is a version gap ``name`` was seen open in."""
-    versions = PIPELINE_GAPS[name]
-    if installed is None:
-        from vllm_omni.version import __version__ as installed
-    if installed.startswith(versions):
-        return True
-    logger.warning(
-        "verl_omni works around vLLM-Omni gap %r for vllm-omni %s, found %s: workaround not applied. If the gap is "
-        "still open in this version, extend PIPELINE_GAPS[%r] in %s",
-        name,
-        "/".join(v + "x" for v in versions),
-        installed,
-        name,
-        __name__,
-    )
-    return False
-
-
-@contextmanager
-def z_image_transformer_from_checkpoint(model_path: str, installed: str | None = None):
-    """While ``ZImagePipeline.__init__`` runs, its transformer class takes the checkpoint's config.
-
-    Gap ``z_image_transformer_sizes``: vLLM-Omni 0.26 builds the transformer with the released model's
-    sizes (dim 3840, 30 layers), so any other checkpoint (a tiny one, a distilled one) fails to load
-    ("Tried to load weights of size [32] to a parameter of size [3840]"). Only the keys the class's
-    constructor accepts are passed.
-    """
-    config_file = Path(model_path) / "transformer" / "config.json"
-    if not config_file.is_file() or not gap_open("z_image_transformer_sizes", installed):
-        yield
-        return
-    from vllm_omni.diffusion.models.z_image import pipeline_z_image
-
-    original = pipeline_z_image.ZImageTransformer2DModel
-    accepted = inspect.signature(original.__init__).parameters
-    config = {k: v for k, v in json.loads(config_file.read_text()).items() if k in accepted}
-    pipeline_z_image.ZImageTransformer2DModel = functools.partial(original, **config)
-    try:
-        yield
-    finally:
-        pipeline_z_image.ZImageTransformer2DModel = original
-
-
-@contextmanager
-def qwen_image_edit_condition_area(area: float, installed: str | None = None):
-    """While open, vLLM-Omni's Qwen-Image-Edit pre-processes (every engine of this process: they run in the
-    engine's process, before its worker) size source images to ``area`` pixels at their aspect ratio instead of
-    the stock 1024² (Qwen-Image-Edit-Plus: its VAE's 1024² and its vision tower's 384² both); yields whether the
-    override is in place.
-
-    Gap ``qwen_image_edit_condition_area``: the stock areas are a literal and module constants, so neither a
-    benchmark that compares the stock pipeline with ours at another area (ours: ``model_kwargs.condition_area``;
-    the CPU smoke run's tiny model would condition on ~16k latent tokens at 1024²) nor the CPU warm-up at the
-    rollout's size (:func:`_sized_dummy_run`) can ask for it otherwise. Upstream's ``calculate_dimensions`` rounds
-    the sides to 32 px as our ``rollout_request.condition_size`` does, so both pipelines condition at the same size
-    (ours also keeps 32 px a side at least, upstream's does not). Our rollout pipelines read the raw source images,
-    not the pre-processed ones, so only stock pipelines see the difference.
-    """
-    if not gap_open("qwen_image_edit_condition_area", installed):
-        yield False
-        return
-    from vllm_omni.diffusion.models.qwen_image import pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus
-
-    modules = (pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus)
-    originals = [module.calculate_dimensions for module in modules]
-
-    def at_area(_stock_area: float, ratio: float):
-        return originals[0](area, ratio)
-
-    for module in modules:
-        module.calculate_dimensions = at_area
-    try:
-        yield True
-    finally:
-        for module, original in zip(modules, originals, strict=True):
-            module.calculate_dimensions = original
-
-
-# ---- final pixels: the engine passes a rollout's uint8 images through (every device) ----------------
-
-# the every-device engine patches applied in this process (apart from the CPU patches' ``_applied``)
-_gaps_worked_around: set[str] = set()
-
-
-@functools.cache
-def final_pixels_passthrough(installed: str | None = None) -> bool:
-    """Whether rollout pipelines return final pixels (``pipelines.rollout_output``): gap ``final_pixels_postprocess``
-    is open in this vLLM-Omni version, so :func:`patch_final_pixels_postprocess` passes them through. Both sides
-    ask this (the worker's pipeline and the engine's general plugin), so they agree; cached: one warning."""
-    return gap_open("final_pixels_postprocess", installed)
-
-
-def shm_tensor_threshold() -> int:
-    """Bytes above which vLLM-Omni's worker moves an output tensor through shared memory (the rest is pickled)."""
-    from vllm_omni.diffusion import ipc
-
-    return ipc._SHM_TENSOR_THRESHOLD
-
-
-def _passing_final_pixels(post_process):
-    @functools.wraps(post_process)
-    def post_process_or_pass(output, *args, **kwargs):
-        """The model's post-process, except for a rollout's final pixels, returned as they are."""
-        from verl_omni.pipelines.rollout_output import is_final_pixels_output
-
-        return output if is_final_pixels_output(output) else post_process(output, *args, **kwargs)
-
-    return post_process_or_pass
-
-
-def _make_final_pixels_lookup(original):
-    def post_process_lookup(od_config):
-        """The model's post-process (None: none), wrapped to pass final pixels through."""
-        post_process = original(od_config)
-        return None if post_process is None else _passing_final_pixels(post_process)
-
-    return post_process_lookup
-
-
-def patch_final_pixels_postprocess(installed: str | None = None) -> bool:
-    """Gap ``final_pixels_postprocess``: every engine built after this call wraps its model's post-process so
-    that a rollout output whose image is already uint8 pixels passes unchanged (any other output, e.g. a stock
-    pipeline's in the same process, is post-processed as before). The wrapper keeps the post-process's
-    signature (``functools.wraps``), which the engine inspects for a ``sampling_params`` parameter. Applied from
-    the general plugin on every device; returns whether it is in place. Remove once vLLM-Omni lets a pipeline
-    mark its output final."""
-    if not final_pixels_passthrough(installed):
-        return False
-    if "final_pixels_postprocess" in _gaps_worked_around:
-        return True
-    from vllm_omni.diffusion import diffusion_engine
-
-    lookup = diffusion_engine.get_diffusion_post_process_func
-    diffusion_engine.get_diffusion_post_process_func = _make_final_pixels_lookup(lookup)
-    _gaps_worked_around.add("final_pixels_postprocess")
-    logger.info("verl_omni engine patch applied: final rollout pixels pass the post-process")
-    return True

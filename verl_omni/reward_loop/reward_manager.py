@@ -13,32 +13,17 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.base import RewardManagerBase
 
 from verl_omni.reward_loop.source_images import listed_images, prompt_images
+from verl_omni.utils.dataset.prompt_dataset import prompt_text
 from verl_omni.utils.reward_score import MultiReward, ScoreBatch
 from verl_omni.workers.config.reward import CONFIG_KEY, DiffusionRewardConfig
 
 logger = logging.getLogger(__name__)
-
-
-def prompt_text(value: Any, key: str) -> str:
-    """The prompt string from a ``non_tensor_batch`` entry: a string or chat messages (last user turn)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple | np.ndarray):
-        for message in reversed(list(value)):
-            if isinstance(message, Mapping) and message.get("role") == "user":
-                content = message.get("content")
-                if isinstance(content, str):
-                    return content
-                if isinstance(content, list | tuple | np.ndarray):
-                    return " ".join(p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text")
-    raise ValueError(f"non_tensor_batch[{key!r}] must hold a prompt string or chat messages, got {value!r:.200}")
 
 
 def ground_truth_text(value: Any, key: str) -> str | None:

@@ -10,8 +10,9 @@ What it does, each part checked and reported:
    group advantages;
 4. adds a zero-initialized LoRA and replays the recorded transitions: log π_θ must equal the
    recorded log π_old (the consistency the real trainer relies on);
-5. takes Flow-GRPO optimizer steps on the LoRA and checks that the log-probs of positive-advantage
-   samples went up relative to negative ones;
+5. takes Flow-GRPO optimizer steps on the LoRA with the registered algorithm's loss (``algorithm=flow_grpo``,
+   as the actor builds it) and checks that the log-probs of positive-advantage samples went up relative to
+   negative ones;
 6. writes the images and a metrics JSON under ``--out``.
 
 The distributed trainer (``main_flowgrpo``) replaces this as the main job; this stays a quick
@@ -29,13 +30,14 @@ from pathlib import Path
 
 import torch
 
+from verl_omni.algorithms import get_algorithm
 from verl_omni.pipelines.qwen_image.training_adapter import PromptEmbeds, QwenImageTrainingAdapter
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, schedule_sigmas
-from verl_omni.trainer.flowgrpo.core_algos import get_adv_estimator_fn, get_policy_loss_fn
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.utils.replay import num_replay_steps, prepare_scheduler, replay_step
 
 logger = logging.getLogger(__name__)
@@ -150,16 +152,30 @@ def decode(pipe, latents: torch.Tensor, size: int) -> torch.Tensor:
     return ((images.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
 
 
-def replay_log_probs(transformer, scheduler, rec, args) -> torch.Tensor:
-    """log π_θ of every recorded transition, ``[B, W]``, with grad through the transformer."""
+def replayed_steps(transformer, scheduler, rec, args) -> list:
+    """Every recorded transition replayed (log π_θ, μ_θ and s of each sample), with grad through the transformer."""
     spec = sampling_spec(args).replay()
     adapter = QwenImageTrainingAdapter
     prepare_scheduler(adapter, scheduler, spec, rec["all_latents"].shape[2])
     steps = range(num_replay_steps(rec))
-    return torch.stack(
-        [replay_step(adapter, transformer, scheduler, rec, j, spec, rec["vae_scale_factor"]).log_prob for j in steps],
-        dim=1,
-    )
+    return [replay_step(adapter, transformer, scheduler, rec, j, spec, rec["vae_scale_factor"]) for j in steps]
+
+
+def replay_log_probs(transformer, scheduler, rec, args) -> torch.Tensor:
+    """log π_θ of every recorded transition, ``[B, W]``, with grad through the transformer."""
+    return torch.stack([step.log_prob for step in replayed_steps(transformer, scheduler, rec, args)], dim=1)
+
+
+def policy_loss(loss_fn, transformer, scheduler, rec, adv, args) -> tuple[torch.Tensor, float]:
+    """The algorithm's loss averaged over the recorded steps (each step's mean over the samples, as the actor
+    weighs them) and its mean ``pg_loss``; log π_old is the recorded one, as with ``actor.use_rollout_log_probs``."""
+    micro_batch = {loss_fn.actor_config.old_log_prob_key: rec["rollout_log_probs"], "advantages": adv}
+    losses, pg_losses = [], []
+    for j, replayed in enumerate(replayed_steps(transformer, scheduler, rec, args)):
+        loss, metrics = loss_fn(replayed, micro_batch, j)
+        losses.append(loss)
+        pg_losses.append(metrics["pg_loss"])
+    return torch.stack(losses).mean(), sum(pg_losses) / len(pg_losses)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -183,7 +199,9 @@ def run(args: argparse.Namespace) -> dict:
     rec = sample_with_logprob(pipe, scheduler, prompt, negative, args, seeds)
     images = decode(pipe, rec["final_latents"], args.size)
     scores = images.float().mean(dim=(1, 2, 3)) / 255.0  # stand-in reward: brightness
-    adv = get_adv_estimator_fn("flow_grpo")(scores, uids)
+    algorithm = get_algorithm("flow_grpo")
+    algorithm_config = algorithm.config_cls()
+    adv = algorithm.compute_advantage(scores, uids, algorithm_config)
 
     logger.info("[2/4] replaying the recorded window with a zero-initialized LoRA")
     transformer = pipe.transformer
@@ -197,17 +215,15 @@ def run(args: argparse.Namespace) -> dict:
     logger.info("[3/4] %d Flow-GRPO updates on the LoRA", args.updates)
     params = [p for p in transformer.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr)
-    loss_fn = get_policy_loss_fn("flow_grpo")
+    actor_config = DiffusionActorConfig(clip_ratio=0.2, use_rollout_log_probs=True)
+    loss_fn = algorithm.build_loss(actor_config, algorithm_config)
     losses = []
     for _ in range(args.updates):
         opt.zero_grad()
-        logp = replay_log_probs(transformer, scheduler, rec, args)
-        loss, metrics = loss_fn(
-            logp.flatten(), rec["rollout_log_probs"].flatten(), adv.repeat_interleave(logp.shape[1]), clip_ratio=0.2
-        )
+        loss, pg_loss = policy_loss(loss_fn, transformer, scheduler, rec, adv, args)
         loss.backward()
         opt.step()
-        losses.append(metrics["pg_loss"])
+        losses.append(pg_loss)
     with torch.no_grad():
         delta = (replay_log_probs(transformer, scheduler, rec, args) - rec["rollout_log_probs"]).mean(dim=1)
 

@@ -33,8 +33,8 @@ from verl.utils.device import get_device_name
 from verl.workers.engine_workers import TrainingWorker
 
 import verl_omni.workers.engine.fsdp.diffusers_impl  # noqa: F401  (registers DiffusersFSDPEngine)
+from verl_omni.algorithms import AlgorithmConfig
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp import policy_versions
@@ -42,7 +42,7 @@ from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
 from verl_omni.workers.rollout import collective_share, device_share
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
 from verl_omni.workers.rollout.weight_sync import COLLECTIVE, IPC
-from verl_omni.workers.utils.losses import default_algorithm_config
+from verl_omni.workers.utils.losses import run_algorithm
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +69,9 @@ def _sampling_spec(data: DataProto) -> SamplingSpec:
 class DiffusionActorWorker(TrainingWorker):
     """Actor + reference on a ``DiffusersFSDPEngine`` (one Ray actor per rank); the loss is the algorithm's."""
 
-    def __init__(self, config, actor_config: DiffusionActorConfig, algorithm_config: AlgorithmConfig | None = None):
-        """``algorithm_config``: the run's ``algorithm`` node (None: the default algorithm)."""
+    def __init__(self, config, actor_config: DiffusionActorConfig, algorithm_config: AlgorithmConfig):
+        """``algorithm_config``: the run's ``algorithm`` node (required: the worker never picks an algorithm)."""
+        self.algorithm = run_algorithm(algorithm_config, "DiffusionActorWorker")
         _init_cpu_process_group()
         super().__init__(config)
         self.actor_config = actor_config
@@ -86,8 +87,7 @@ class DiffusionActorWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
         """Build the sharded model, optimizer and schedule on every rank."""
-        algorithm_config = self.algorithm_config or default_algorithm_config()
-        phases = get_algorithm(algorithm_config.name).phases(algorithm_config, self.actor_config)
+        phases = self.algorithm.phases(self.algorithm_config, self.actor_config)
         # the old policy as a second adapter must exist before FSDP wraps the module
         self.engine.old_policy_adapter = phases.old_policy_adapter
         # full fine-tuning's reference is a frozen copy: built only when a KL term needs it
@@ -95,7 +95,7 @@ class DiffusionActorWorker(TrainingWorker):
         # full fine-tuning's EMA of the weights (validation and export), built with the sharded model
         self.engine.ema_decay = self.actor_config.ema_decay
         self.engine.initialize()
-        self.actor = DiffusionActor(self.engine, self.actor_config, algorithm_config)
+        self.actor = DiffusionActor(self.engine, self.actor_config, self.algorithm_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:

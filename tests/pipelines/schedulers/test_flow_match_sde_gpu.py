@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_policy_loss
 from verl_omni.pipelines.qwen_image.tiny_model import QWEN_IMAGE_SCHEDULER_CONFIG
 from verl_omni.pipelines.schedulers import FlowMatchSDEDiscreteScheduler, sde_step_with_logprob
-from verl_omni.trainer.flowgrpo.core_algos import compute_flow_grpo_policy_loss
 
 pytestmark = pytest.mark.gpu
 

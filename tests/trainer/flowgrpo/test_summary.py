@@ -162,7 +162,7 @@ def test_reward_curve_draws_both_series_rising(run_dir, tmp_path):
 @pytest.mark.parametrize("name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft"])
 def test_the_summary_names_the_registered_algorithm_run(run_dir, name):
     """The first line names the algorithm as it registered itself (its ``title``), not Flow-GRPO for every run."""
-    from verl_omni.trainer.algorithms import get_algorithm
+    from verl_omni.algorithms import get_algorithm
 
     algorithm = get_algorithm(name)
     text = write_summary(run_dir, 4, 1.0, "/m", None, algorithm=algorithm.display_name(), interrupted=False)
@@ -172,7 +172,7 @@ def test_the_summary_names_the_registered_algorithm_run(run_dir, name):
 
 def test_a_subclass_registered_under_another_name_does_not_inherit_the_title():
     """An algorithm derived from a built-in (GRPO-Guard from Flow-GRPO; an entry point's) states its own title."""
-    from verl_omni.trainer.algorithms import Algorithm, get_algorithm
+    from verl_omni.algorithms import Algorithm, get_algorithm
 
     flow_grpo = get_algorithm("flow_grpo")
     derived = type("Derived", (flow_grpo,), {"name": "my_variant"})

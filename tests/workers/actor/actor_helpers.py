@@ -18,16 +18,15 @@ def build_actor(
 ):
     """A ``DiffusionActor`` on a freshly initialized one-process-group engine (LoRA r=``lora_rank``, 0: full
     fine-tuning; AdamW ``lr``; further ``model_kwargs`` of the model config), running ``algorithm_config``'s
-    algorithm (None: the default)."""
+    algorithm (None: Flow-GRPO with its defaults)."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
 
-    from verl_omni.trainer.algorithms import get_algorithm
+    from verl_omni.algorithms import get_algorithm
     from verl_omni.workers.actor.diffusion_actor import DiffusionActor
     from verl_omni.workers.config.actor import DiffusionActorConfig
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
-    from verl_omni.workers.utils.losses import default_algorithm_config
 
     model = DiffusionModelConfig(
         path=str(model_path),
@@ -44,7 +43,7 @@ def build_actor(
         CheckpointConfig(),
     )
     actor_config = DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs)
-    algorithm_config = algorithm_config or default_algorithm_config()
+    algorithm_config = algorithm_config or get_algorithm("flow_grpo").config_cls()
     # as DiffusionActorWorker.init_model: an old-policy adapter must exist before FSDP wraps the module
     phases = get_algorithm(algorithm_config.name).phases(algorithm_config, actor_config)
     engine.old_policy_adapter = phases.old_policy_adapter

@@ -7,8 +7,8 @@ import torch
 from actor_helpers import batch_of as _batch
 from actor_helpers import build_actor as _actor
 
-from verl_omni.trainer.algorithms.base import ALGORITHMS
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
+from verl_omni.algorithms.base import ALGORITHMS
+from verl_omni.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +58,8 @@ def test_a_loss_with_new_metrics_goes_through_the_actor_unchanged(
 def test_grpo_guard_update_starts_on_policy_and_reports_its_metrics(
     process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
+    from verl_omni.algorithms.grpo_guard import GRPOGuardConfig
     from verl_omni.pipelines.sampling import SamplingSpec
-    from verl_omni.trainer.algorithms.grpo_guard import GRPOGuardConfig
 
     rec = recorded_qwen_image_batch[1]
     spec = SamplingSpec(**rec["spec"])

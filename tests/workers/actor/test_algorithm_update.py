@@ -19,7 +19,7 @@ import torch
 from actor_helpers import build_actor
 from tensordict import TensorDict
 
-from verl_omni.trainer.algorithms import ALGORITHMS
+from verl_omni.algorithms import ALGORITHMS
 
 pytestmark = pytest.mark.slow
 
@@ -187,8 +187,8 @@ def check_sampler_invariants(recorded: dict[str, torch.Tensor], spec) -> None:
 def test_one_update_of_each_algorithm_on_its_own_rollout(
     name, drop_zero_std_groups, device_process_group, sampler, tiny_pipeline, tiny_qwen_image_path, prompts, tmp_path
 ):
+    from verl_omni.algorithms.flow_grpo_math import zero_std_groups
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
-    from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
     from verl_omni.workers.utils.replay import get_replay
     from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 

@@ -140,8 +140,8 @@ def test_sample_mask_trains_on_the_kept_samples_as_if_the_others_were_not_there(
 def test_drop_zero_std_groups_skips_empty_mini_batches_and_refuses_a_batch_that_keeps_nothing(
     process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
+    from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
     from verl_omni.pipelines.sampling import SamplingSpec
-    from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
 
     rec = recorded_qwen_image_batch[1]
     spec = SamplingSpec(**rec["spec"])

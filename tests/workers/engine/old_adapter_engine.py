@@ -24,7 +24,7 @@ def build(model_path: str):
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
 
-    from verl_omni.trainer.algorithms.diffusion_nft import DiffusionNFTConfig
+    from verl_omni.algorithms.diffusion_nft import DiffusionNFTConfig
     from verl_omni.workers.actor.diffusion_actor import DiffusionActor
     from verl_omni.workers.config.actor import DiffusionActorConfig
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig

@@ -28,6 +28,7 @@ def build_engine(
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
 
+    from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
     from verl_omni.workers.actor.diffusion_actor import DiffusionActor
     from verl_omni.workers.config.actor import DiffusionActorConfig
     from verl_omni.workers.config.model import DiffusionLoraConfig, DiffusionModelConfig
@@ -42,7 +43,7 @@ def build_engine(
     actor_config = DiffusionActorConfig(
         ppo_mini_batch_size=mini_batch, ppo_micro_batch_size_per_gpu=micro_batch, clip_ratio=0.2, kl_beta=0.0
     )
-    return engine, DiffusionActor(engine, actor_config, algorithm_config)
+    return engine, DiffusionActor(engine, actor_config, algorithm_config or FlowGRPOAlgoConfig())
 
 
 def gather(t: torch.Tensor) -> torch.Tensor:
@@ -144,7 +145,7 @@ def main(recorded: str, model_path: str, out_dir: str) -> None:
 
     # 6. algorithm.drop_zero_std_groups: rank 1's rows are all left out (it back-propagates zeros and reports no
     # loss metric); the SGD step equals the step on the kept rows alone, spread one per rank
-    from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
+    from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
 
     keep = torch.tensor([True, True] + [False] * (size - 2))
     rank, world = dist.get_rank(), dist.get_world_size()

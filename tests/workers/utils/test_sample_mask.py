@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig, FlowGRPOLoss
+from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig, FlowGRPOLoss
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.utils.replay import ReplayedSDEStep
 from verl_omni.workers.utils.sample_mask import masked_step_loss, select_rows, step_loss_weight

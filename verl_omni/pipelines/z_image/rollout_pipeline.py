@@ -30,7 +30,7 @@ from verl_omni.pipelines.z_image.training_adapter import (
     cfg_scales,
     guided_velocity,
 )
-from verl_omni.platforms.cpu_patches import z_image_transformer_from_checkpoint
+from verl_omni.utils.vllm_omni_compat import z_image_transformer_from_checkpoint
 
 
 def _pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

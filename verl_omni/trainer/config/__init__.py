@@ -2,7 +2,7 @@
 
 The dataclasses are exported lazily: they build on verl's ``BaseConfig``, and importing verl
 imports torch and Ray, which the preflight (``preflight.py``, in this package) must not wait for.
-``FlowGRPOAlgoConfig`` lives with its algorithm (:mod:`verl_omni.trainer.algorithms.flow_grpo`).
+``FlowGRPOAlgoConfig`` lives with its algorithm (:mod:`verl_omni.algorithms.flow_grpo`).
 """
 
 __all__ = ["FlowGRPOAlgoConfig", "FlowGRPOTrainerConfig"]
@@ -10,7 +10,7 @@ __all__ = ["FlowGRPOAlgoConfig", "FlowGRPOTrainerConfig"]
 
 def __getattr__(name: str):
     if name == "FlowGRPOAlgoConfig":
-        from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
+        from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
 
         return FlowGRPOAlgoConfig
     if name in __all__:

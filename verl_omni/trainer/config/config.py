@@ -1,5 +1,5 @@
 """Dataclass of the ``trainer`` node of ``flowgrpo_trainer.yaml`` (the ``algorithm`` node's dataclass is
-the chosen algorithm's, :mod:`verl_omni.trainer.algorithms`).
+the chosen algorithm's, :mod:`verl_omni.algorithms`).
 
 The ``trainer`` keys keep verl's ``ppo_trainer.yaml`` names and meaning (the checkpoint and
 resume code of verl's v1 trainer reads them); the diffusion-specific ones are documented here.

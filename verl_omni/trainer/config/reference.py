@@ -27,7 +27,7 @@ REPO_ROOT = CONFIG_DIR.parents[2]
 PACKAGE_DIR = REPO_ROOT / "verl_omni"
 PAGE = REPO_ROOT / "docs" / "reference" / "config.md"
 ALGORITHM_DIR = CONFIG_DIR / "algorithm"
-ALGORITHMS_PACKAGE_DIR = PACKAGE_DIR / "trainer" / "algorithms"
+ALGORITHMS_PACKAGE_DIR = PACKAGE_DIR / "algorithms"
 COMMAND = "bash scripts/generate_trainer_config.sh"
 
 _KEY_LINE = re.compile(r"^(\s*)([A-Za-z_][\w]*):(?:\s|$)")
@@ -474,7 +474,7 @@ def _anchor(key: str) -> str:
 
 
 def _algorithm_config_class(name: str) -> str:
-    """The ``config_cls`` that ``verl_omni/trainer/algorithms/<name>.py`` declares on its algorithm class."""
+    """The ``config_cls`` that ``verl_omni/algorithms/<name>.py`` declares on its algorithm class."""
     tree = ast.parse((ALGORITHMS_PACKAGE_DIR / f"{name}.py").read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "config_cls" for t in node.targets):

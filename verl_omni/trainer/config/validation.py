@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
-from verl_omni.trainer.algorithms import (
+from verl_omni.algorithms import (
     SDE_WINDOW,
     Algorithm,
     AlgorithmConfig,

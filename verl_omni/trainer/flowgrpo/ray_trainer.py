@@ -34,8 +34,8 @@ from verl.utils.debug import marked_timer
 from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
+from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.trainer.config.validation import FlowGRPOConfigs
-from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
 from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup

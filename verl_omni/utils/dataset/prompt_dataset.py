@@ -9,6 +9,10 @@ text-to-image row, without the column, is what ``RLHFDataset`` gives.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
 from verl.utils.dataset.rl_dataset import RLHFDataset, get_dataset_class
 
 # verl's default of data.image_key
@@ -21,6 +25,21 @@ def row_image_key(config) -> str:
     data = config.get("data", None) if config is not None else None
     key = data.get("image_key", None) if data else None
     return str(key or DEFAULT_IMAGE_KEY)
+
+
+def prompt_text(value: Any, key: str) -> str:
+    """The prompt string from a ``non_tensor_batch`` entry: a string or chat messages (last user turn)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple | np.ndarray):
+        for message in reversed(list(value)):
+            if isinstance(message, Mapping) and message.get("role") == "user":
+                content = message.get("content")
+                if isinstance(content, str):
+                    return content
+                if isinstance(content, list | tuple | np.ndarray):
+                    return " ".join(p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+    raise ValueError(f"non_tensor_batch[{key!r}] must hold a prompt string or chat messages, got {value!r:.200}")
 
 
 class DiffusionPromptDataset(RLHFDataset):

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from verl.utils.device import get_device_id
 
+from verl_omni.algorithms import AlgorithmConfig
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.trainer.algorithms import AlgorithmConfig, get_algorithm
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.engine.fsdp.diffusers_impl import MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY, SAMPLING_SPEC_KEY
-from verl_omni.workers.utils.losses import default_algorithm_config
+from verl_omni.workers.utils.losses import run_algorithm
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY, global_kept_count
 
 logger = logging.getLogger(__name__)
@@ -40,13 +40,12 @@ NON_TENSOR_KEYS = (SAMPLING_SPEC_KEY, MICRO_BATCH_KEY, ROLLOUT_RECORD_KEY)
 class DiffusionActor:
     """The actor's compute phases over one engine; ``data`` is a local (per-rank) TensorDict ``[B]``."""
 
-    def __init__(self, engine, config: DiffusionActorConfig, algorithm_config: AlgorithmConfig | None = None):
-        """``algorithm_config``: the run's ``algorithm`` node (None: the default algorithm with its defaults)."""
+    def __init__(self, engine, config: DiffusionActorConfig, algorithm_config: AlgorithmConfig):
+        """``algorithm_config``: the run's ``algorithm`` node (required: the actor never picks an algorithm)."""
+        algorithm = run_algorithm(algorithm_config, "DiffusionActor")
         config.validate(engine.get_data_parallel_size())
         self.engine = engine
         self.config = config
-        algorithm_config = algorithm_config or default_algorithm_config()
-        algorithm = get_algorithm(algorithm_config.name)
         self.loss_fn = algorithm.build_loss(config, algorithm_config)
         self.rollout_record = algorithm.rollout_record
         self.algorithm, self.algorithm_config = algorithm, algorithm_config

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW
-from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY
+from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, TRAJECTORY_KEYS
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.schedulers.flow_match_sde import (
     SDEStepOutput,
@@ -32,10 +32,6 @@ from verl_omni.utils.registry import Registry
 from verl_omni.workers.engine.fsdp.old_adapter import has_old_adapter, old_adapter_active
 
 logger = logging.getLogger(__name__)
-
-# per-sample tensors every replayed batch carries (docs/design.md, "Data contracts": the rollout's ``extra_fields``);
-# the model's conditioning tensors come on top (``ModelAdapter.required_keys``)
-TRAJECTORY_KEYS = ("all_latents", "all_timesteps")
 
 
 def num_replay_steps(batch: Mapping[str, torch.Tensor]) -> int:

@@ -8,8 +8,8 @@ import statistics
 import pytest
 import torch
 
-from verl_omni.trainer.algorithms import get_algorithm
-from verl_omni.trainer.algorithms.dance_grpo import DanceGRPOConfig, DanceGRPOLoss, compute_dance_grpo_advantage
+from verl_omni.algorithms import get_algorithm
+from verl_omni.algorithms.dance_grpo import DanceGRPOConfig, DanceGRPOLoss, compute_dance_grpo_advantage
 from verl_omni.workers.config.actor import DiffusionActorConfig
 
 

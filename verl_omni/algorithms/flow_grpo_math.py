@@ -1,8 +1,10 @@
-"""Flow-GRPO advantage estimator and policy loss, in registries (cf. ``verl.trainer.ppo.core_algos``).
+"""Flow-GRPO's math: the group-normalized advantage, the clipped policy loss, and the prompt groups whose
+rewards are all equal (``docs/design.md``, "Advantage and loss (Flow-GRPO)").
 
-New algorithms (DanceGRPO, MixGRPO, DiffusionNFT ...) add their estimator or loss with
-``@register_adv_est`` / ``@register_policy_loss`` in a new module; the trainer looks them up by
-the names in its config and never tests an algorithm name.
+Plain functions of tensors, with no registry: the algorithm contract (:mod:`verl_omni.algorithms.base`) is
+how the trainer and the actor find an algorithm, and each algorithm module calls the functions it uses from
+here (Flow-GRPO and GRPO-Guard the loss, Flow-GRPO and DiffusionNFT the advantage, the trainer the zero-std
+groups).
 """
 
 from __future__ import annotations
@@ -11,16 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-
-from verl_omni.utils.registry import Registry
-
-ADV_ESTIMATORS: Registry = Registry("advantage estimator")
-POLICY_LOSSES: Registry = Registry("policy loss")
-
-register_adv_est = ADV_ESTIMATORS.register
-get_adv_estimator_fn = ADV_ESTIMATORS.get
-register_policy_loss = POLICY_LOSSES.register
-get_policy_loss_fn = POLICY_LOSSES.get
 
 
 def _group_ids(index: Sequence, batch_size: int) -> np.ndarray:
@@ -60,7 +52,6 @@ def zero_std_groups(scores: torch.Tensor, index: Sequence) -> tuple[torch.Tensor
     return zero_std.to(scores.device), flat / max(len(groups), 1)
 
 
-@register_adv_est("flow_grpo")
 def compute_flow_grpo_advantage(
     scores: torch.Tensor,
     index: Sequence,
@@ -107,7 +98,6 @@ def _per_sample(x: torch.Tensor, batch_size: int, name: str) -> torch.Tensor:
     return x.reshape(batch_size, -1)
 
 
-@register_policy_loss("flow_grpo")
 def compute_flow_grpo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,

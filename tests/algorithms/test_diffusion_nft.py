@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_omni.trainer.algorithms import check_model_supports, get_algorithm
-from verl_omni.trainer.algorithms.diffusion_nft import (
+from verl_omni.algorithms import check_model_supports, get_algorithm
+from verl_omni.algorithms.diffusion_nft import (
     DiffusionNFT,
     DiffusionNFTConfig,
     nft_policy_loss,
@@ -142,7 +142,7 @@ def test_advantage_is_group_centred_and_globally_scaled():
 
 
 def test_replay_steps_are_the_configured_fraction_without_repeats():
-    from verl_omni.trainer.algorithms.diffusion_nft import DiffusionNFTLoss
+    from verl_omni.algorithms.diffusion_nft import DiffusionNFTLoss
     from verl_omni.workers.config.actor import DiffusionActorConfig
 
     loss = DiffusionNFTLoss(DiffusionActorConfig(), DiffusionNFTConfig())

@@ -1,16 +1,11 @@
-"""Flow-GRPO advantage and loss: edge cases, clipping, gradient direction, registries."""
+"""Flow-GRPO advantage and loss: edge cases, clipping, gradient direction, and the registered algorithm's use."""
 
 import numpy as np
 import pytest
 import torch
 
-from verl_omni.trainer.flowgrpo.core_algos import (
-    compute_flow_grpo_advantage,
-    compute_flow_grpo_policy_loss,
-    get_adv_estimator_fn,
-    get_policy_loss_fn,
-    register_adv_est,
-)
+from verl_omni.algorithms import get_algorithm
+from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_advantage, compute_flow_grpo_policy_loss
 
 
 def test_advantage_matches_numpy_with_global_std():
@@ -116,19 +111,19 @@ def test_loss_raises_when_kl_inputs_or_old_log_probs_missing():
         _loss(lp, lp, torch.zeros(3))
 
 
-def test_registries_resolve_names_and_list_choices_on_a_miss():
-    assert get_adv_estimator_fn("flow_grpo") is compute_flow_grpo_advantage
-    assert get_policy_loss_fn("flow_grpo") is compute_flow_grpo_policy_loss
-    with pytest.raises(ValueError, match="Available: flow_grpo"):
-        get_policy_loss_fn("grpo_typo")
-    with pytest.raises(ValueError, match="already registered"):
-        register_adv_est("flow_grpo")(lambda *a: None)
-    with pytest.raises(TypeError):
-        register_adv_est("not_callable")(42)
+def test_the_registered_flow_grpo_advantage_is_this_math_with_its_config():
+    # one home for the math: the algorithm the trainer looks up computes exactly these functions' result
+    algorithm = get_algorithm("flow_grpo")
+    scores = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 40.0])
+    uids = ["a", "a", "a", "b", "b", "b"]
+    config = algorithm.config_cls(global_std=False, epsilon=1e-3, adv_clip_max=1.2)
+    want = compute_flow_grpo_advantage(scores, uids, global_std=False, epsilon=1e-3, adv_clip_max=1.2)
+    torch.testing.assert_close(algorithm.compute_advantage(scores, uids, config), want, rtol=0, atol=0)
+    assert want.abs().max().item() == pytest.approx(1.2)  # the clip is in effect, not only the normalization
 
 
 def test_zero_std_groups_marks_groups_of_equal_rewards_exactly_and_counts_their_share():
-    from verl_omni.trainer.flowgrpo.core_algos import zero_std_groups
+    from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 
     # groups interleaved; 0.1 three times has a rounded mean != 0.1 but is still a group of equal rewards
     scores = torch.tensor([0.1, 1.0, 0.1, 0.0, 0.1, 1.0, 7.0])

@@ -10,7 +10,7 @@ What differs from Flow-GRPO, and where it lives:
   ``ode_post_window_ratio``); :meth:`MixGRPO.check` refuses a per-sample random window;
 * the trained steps: the window's, which are exactly the recorded ones (the frame's default);
 * the advantage: each prompt group normalized by its own std, as the authors' code (derived from
-  DanceGRPO's) does, :func:`~verl_omni.trainer.algorithms.dance_grpo.compute_dance_grpo_advantage`.
+  DanceGRPO's) does, :func:`~verl_omni.algorithms.dance_grpo.compute_dance_grpo_advantage`.
 
 The loss of a window step is Flow-GRPO's clipped ratio (``actor.clip_ratio``; the authors: 1e-4) on the
 authors' default SDE step, Flow-GRPO's ``sde`` (their ``--flow_grpo_sampling``).
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_omni.trainer.algorithms.base import SDE_WINDOW, Algorithm, AlgorithmConfig, register_algorithm
-from verl_omni.trainer.algorithms.dance_grpo import ROLLOUT, compute_dance_grpo_advantage
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOLoss
+from verl_omni.algorithms.base import SDE_WINDOW, Algorithm, AlgorithmConfig, register_algorithm
+from verl_omni.algorithms.dance_grpo import ROLLOUT, compute_dance_grpo_advantage
+from verl_omni.algorithms.flow_grpo import FlowGRPOLoss
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Flow-GRPO (Liu et al., 2025, arXiv:2505.05470): group-normalized advantages, clipped ratio per SDE step.
 
-The math lives in :mod:`verl_omni.trainer.flowgrpo.core_algos` (``docs/design.md``, "Advantage and loss
+The math lives in :mod:`verl_omni.algorithms.flow_grpo_math` (``docs/design.md``, "Advantage and loss
 (Flow-GRPO)"); this module binds it to the algorithm contract: the ``algorithm`` node's dataclass, the per-step loss over a
 replayed micro-batch, and the declarations the trainer reads (an SDE window with log-probs; the
 old log-prob phase unless the rollout's are used; the reference phase when ``actor.kl_beta > 0``).
@@ -13,14 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_omni.trainer.algorithms.base import (
+from verl_omni.algorithms.base import (
     SDE_WINDOW,
     Algorithm,
     AlgorithmConfig,
     AlgorithmLoss,
     register_algorithm,
 )
-from verl_omni.trainer.flowgrpo.core_algos import compute_flow_grpo_advantage, compute_flow_grpo_policy_loss
+from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_advantage, compute_flow_grpo_policy_loss
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from verl_omni.trainer.algorithms import (
+from verl_omni.algorithms import (
     ALGORITHM_ENTRY_POINT_GROUP,
     ALGORITHMS,
     ODE_SAMPLES,
@@ -20,11 +20,11 @@ from verl_omni.trainer.algorithms import (
     get_algorithm,
     register_algorithm,
 )
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOAlgoConfig
-from verl_omni.trainer.algorithms.grpo_guard import GRPOGuardConfig
+from verl_omni.algorithms.flow_grpo import FlowGRPOAlgoConfig
+from verl_omni.algorithms.grpo_guard import GRPOGuardConfig
 from verl_omni.workers.config.actor import DiffusionActorConfig
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO / "verl_omni" / "trainer" / "config" / "algorithm"
 
 
@@ -35,7 +35,7 @@ def test_every_registered_algorithm_resolves_and_every_builtin_has_a_config_file
         algorithm = get_algorithm(name)
         assert algorithm.name == name
         assert issubclass(algorithm.loss_cls, AlgorithmLoss)
-        if not algorithm.__module__.startswith("verl_omni.trainer.algorithms."):
+        if not algorithm.__module__.startswith("verl_omni.algorithms."):
             continue  # registered by another package (or a test), which ships its own config
         node = OmegaConf.load(CONFIG_DIR / f"{name}.yaml").algorithm  # a global package: the node under algorithm
         config = algorithm_config_from(node)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from verl_omni.trainer.algorithms.base import SDE_WINDOW, Algorithm, AlgorithmConfig, register_algorithm
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPOLoss
+from verl_omni.algorithms.base import SDE_WINDOW, Algorithm, AlgorithmConfig, register_algorithm
+from verl_omni.algorithms.flow_grpo import FlowGRPOLoss
 
 ROLLOUT = "actor_rollout_ref.rollout"
 

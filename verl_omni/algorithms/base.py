@@ -1,6 +1,6 @@
 """The algorithm contract: everything the trainer, the actor and the engine ask of an RL algorithm.
 
-An algorithm is one module of :mod:`verl_omni.trainer.algorithms` (``<name>.py``) holding three things:
+An algorithm is one module of :mod:`verl_omni.algorithms` (``<name>.py``) holding three things:
 
 * a config dataclass (subclass of :class:`AlgorithmConfig`), the ``algorithm`` node, chosen with
   the Hydra group ``algorithm=<name>`` (``verl_omni/trainer/config/algorithm/<name>.yaml``);
@@ -33,7 +33,7 @@ from verl_omni.utils.registry import Registry, import_submodules
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS_PACKAGE = "verl_omni.trainer.algorithms"
+ALGORITHMS_PACKAGE = "verl_omni.algorithms"
 ALGORITHM_ENTRY_POINT_GROUP = "verl_omni.algorithms"
 DEFAULT_ALGORITHM = "flow_grpo"
 
@@ -219,7 +219,7 @@ ALGORITHMS: Registry = Registry(
     discover=_import_builtin_algorithms,
     entry_point_group=ALGORITHM_ENTRY_POINT_GROUP,
     how_to_add=(
-        "Add a module verl_omni/trainer/algorithms/<name>.py with an Algorithm subclass decorated "
+        "Add a module verl_omni/algorithms/<name>.py with an Algorithm subclass decorated "
         "@register_algorithm('<name>') and a config verl_omni/trainer/config/algorithm/<name>.yaml, or install a "
         f"package declaring an entry point in group {ALGORITHM_ENTRY_POINT_GROUP!r}: "
         "'<name> = \"<module>:<AlgorithmClass>\"' (docs/extending/algorithm.md)."

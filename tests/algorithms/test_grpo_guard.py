@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from verl_omni.trainer.algorithms.grpo_guard import compute_grpo_guard_policy_loss
+from verl_omni.algorithms.grpo_guard import compute_grpo_guard_policy_loss
 
 
 def _gaussian_log_prob(x_next, mean, step_std):
@@ -132,7 +132,7 @@ def test_over_confident_positive_sample_is_clipped():
 
 
 def test_both_parts_off_is_flow_grpo_policy_loss():
-    from verl_omni.trainer.flowgrpo.core_algos import compute_flow_grpo_policy_loss
+    from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_policy_loss
 
     s, dt, step_std, mu_old, eps, delta = _draw(delta_scale=0.3)
     adv = torch.linspace(-2, 2, 6)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_omni.trainer.algorithms.base import register_algorithm
-from verl_omni.trainer.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
+from verl_omni.algorithms.base import register_algorithm
+from verl_omni.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
 
 
 @dataclass

@@ -1,10 +1,9 @@
 """RL algorithms as plug-ins: one module each, chosen with the Hydra group ``algorithm=<name>``.
 
-The contract is :mod:`verl_omni.trainer.algorithms.base`; ``docs/extending/algorithm.md`` says how to add one.
+The contract is :mod:`verl_omni.algorithms.base`; ``docs/extending/algorithm.md`` says how to add one.
 """
 
-from verl_omni.pipelines.model_base import ODE_SAMPLES, ROLLOUT_RECORDS, SDE_WINDOW
-from verl_omni.trainer.algorithms.base import (
+from verl_omni.algorithms.base import (
     ALGORITHM_ENTRY_POINT_GROUP,
     ALGORITHMS,
     DEFAULT_ALGORITHM,
@@ -19,6 +18,7 @@ from verl_omni.trainer.algorithms.base import (
     register_algorithm,
     supported_algorithms,
 )
+from verl_omni.pipelines.model_base import ODE_SAMPLES, ROLLOUT_RECORDS, SDE_WINDOW
 
 __all__ = [
     "ALGORITHMS",

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_omni.pipelines.model_base import ODE_SAMPLES
-from verl_omni.trainer.algorithms.base import (
+from verl_omni.algorithms.base import (
     Algorithm,
     AlgorithmConfig,
     AlgorithmLoss,
     register_algorithm,
 )
-from verl_omni.trainer.flowgrpo.core_algos import compute_flow_grpo_advantage
+from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_advantage
+from verl_omni.pipelines.model_base import ODE_SAMPLES
 
 # the adaptive weight's floor (the authors' code), so a perfect x_0 prediction does not divide by zero
 ADAPTIVE_WEIGHT_MIN = 1e-5

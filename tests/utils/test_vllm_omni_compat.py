@@ -1,0 +1,106 @@
+"""The vLLM-Omni gaps worked around on every device: each workaround in place on the versions its gap was seen
+open in, restored after, and skipped with a warning naming the gap on any other version."""
+
+import logging
+
+from verl_omni.platforms import cpu_patches
+from verl_omni.utils import vllm_omni_compat
+
+
+def test_z_image_gap_is_worked_around_on_its_versions_only(tmp_path, caplog):
+    """On 0.26 the stock Z-Image pipeline's transformer class takes the checkpoint's sizes while it is built, and is
+    restored after; on a version the gap was not seen in, nothing is patched and a warning names the gap."""
+    import json
+
+    from vllm_omni.diffusion.models.z_image import pipeline_z_image
+
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps({"dim": 32, "n_layers": 2, "_class_name": "x"}))
+    original = pipeline_z_image.ZImageTransformer2DModel
+    with vllm_omni_compat.z_image_transformer_from_checkpoint(str(tmp_path), installed="0.26.0"):
+        patched = pipeline_z_image.ZImageTransformer2DModel
+        assert patched.func is original and patched.keywords == {"dim": 32, "n_layers": 2}
+    assert pipeline_z_image.ZImageTransformer2DModel is original
+    with caplog.at_level(logging.WARNING, logger=vllm_omni_compat.__name__):
+        with vllm_omni_compat.z_image_transformer_from_checkpoint(str(tmp_path), installed="0.27.0"):
+            assert pipeline_z_image.ZImageTransformer2DModel is original
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
+    assert "z_image_transformer_sizes" in message and "found 0.27.0" in message and "PIPELINE_GAPS" in message
+
+
+def _stock_edit_sizes(tmp_path, source_size: tuple[int, int], plus: bool = False) -> list[tuple[int, int]]:
+    """(w, h) at which vLLM-Omni's Qwen-Image-Edit(-Plus) pre-process conditions one ``source_size`` image: Edit's
+    one size, Plus's VAE and vision-tower sizes (the pre-process reads only the model directory's VAE config)."""
+    import json
+    import types
+
+    from PIL import Image
+    from vllm_omni.diffusion.models.qwen_image import pipeline_qwen_image_edit, pipeline_qwen_image_edit_plus
+    from vllm_omni.diffusion.request import OmniDiffusionRequest
+    from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+
+    (tmp_path / "vae").mkdir(exist_ok=True)
+    (tmp_path / "vae" / "config.json").write_text(json.dumps({"temporal_downsample": [False, True, True], "z_dim": 4}))
+    od_config = types.SimpleNamespace(model=str(tmp_path))
+    if plus:
+        pre_process = pipeline_qwen_image_edit_plus.get_qwen_image_edit_plus_pre_process_func(od_config)
+    else:
+        pre_process = pipeline_qwen_image_edit.get_qwen_image_edit_pre_process_func(od_config)
+    prompt = {"prompt": "edit", "multi_modal_data": {"image": Image.new("RGB", source_size)}}
+    params = OmniDiffusionSamplingParams(height=32, width=32, seed=0)
+    info = pre_process(OmniDiffusionRequest(prompt=prompt, sampling_params=params, request_id="r")).prompt
+    info = info["additional_information"]
+    if plus:
+        assert tuple(info["vae_images"][0].shape[-2:]) == info["vae_image_sizes"][0][::-1]
+        return [info["vae_image_sizes"][0], info["condition_image_sizes"][0]]
+    assert tuple(info["preprocessed_image"].shape[-2:]) == (info["calculated_height"], info["calculated_width"])
+    return [(info["calculated_width"], info["calculated_height"])]
+
+
+def test_qwen_image_edit_condition_area_is_set_on_its_versions_only(tmp_path, caplog):
+    """The stock edit pre-processes condition a 3:2 source at 1024² pixels (Plus: its vision tower at 384²); inside
+    the override at the area asked (the size our pipeline's ``condition_area`` gives), restored after; on another
+    version nothing is patched."""
+    from verl_omni.pipelines.qwen_image_edit.rollout_request import CONDITION_SIDE_MULTIPLE
+    from verl_omni.pipelines.rollout_request import condition_size
+
+    stock = {False: [(1248, 832)], True: [(1248, 832), (480, 320)]}
+    small = condition_size(768, 512, 96 * 64, CONDITION_SIDE_MULTIPLE)
+    assert small == (96, 64)
+    for plus in (False, True):
+        assert _stock_edit_sizes(tmp_path, (768, 512), plus) == stock[plus]
+        with vllm_omni_compat.qwen_image_edit_condition_area(96 * 64, installed="0.26.0") as in_place:
+            assert in_place and _stock_edit_sizes(tmp_path, (768, 512), plus) == [small] * len(stock[plus])
+        assert _stock_edit_sizes(tmp_path, (768, 512), plus) == stock[plus]
+    with caplog.at_level(logging.WARNING, logger=vllm_omni_compat.__name__):
+        with vllm_omni_compat.qwen_image_edit_condition_area(96 * 64, installed="0.27.0") as in_place:
+            assert not in_place and _stock_edit_sizes(tmp_path, (768, 512)) == stock[False]
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
+    assert "qwen_image_edit_condition_area" in message and "found 0.27.0" in message
+
+
+def test_the_cpu_warm_up_conditions_an_edit_models_source_at_the_warm_up_size(tmp_path):
+    """The sized warm-up's blank source image (the warm-up's height x width) is conditioned at that size by the
+    Qwen-Image-Edit pipelines, not at 1024²; another model's pre-process is left alone."""
+    with cpu_patches._warmup_condition_area("QwenImageEditPlusPipeline", 32, 64):
+        assert _stock_edit_sizes(tmp_path, (64, 32), plus=True) == [(64, 32), (64, 32)]
+    with cpu_patches._warmup_condition_area("QwenImageEditPipeline", 32, 32):
+        assert _stock_edit_sizes(tmp_path, (32, 32)) == [(32, 32)]
+    with cpu_patches._warmup_condition_area("QwenImagePipeline", 32, 32):
+        assert _stock_edit_sizes(tmp_path, (32, 32)) == [(1024, 1024)]
+
+
+def test_final_pixels_hook_is_installed_once_on_its_versions_only(caplog):
+    """On 0.26 the engine's post-process lookup is wrapped once (an engine built afterwards passes a rollout's final
+    pixels through, ``tests/pipelines/test_rollout_output.py``); on another version a warning names the gap."""
+    from vllm_omni.diffusion import diffusion_engine
+
+    assert vllm_omni_compat.patch_final_pixels_postprocess()
+    lookup = diffusion_engine.get_diffusion_post_process_func
+    assert lookup.__name__ == "post_process_lookup"
+    assert vllm_omni_compat.patch_final_pixels_postprocess()
+    assert diffusion_engine.get_diffusion_post_process_func is lookup
+    with caplog.at_level(logging.WARNING, logger=vllm_omni_compat.__name__):
+        assert not vllm_omni_compat.patch_final_pixels_postprocess(installed="0.28.1")
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
+    assert "final_pixels_postprocess" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message
