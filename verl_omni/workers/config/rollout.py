@@ -105,6 +105,7 @@ class DiffusionRolloutConfig(RolloutConfig):
     name: str = "vllm_omni"
     tensor_model_parallel_size: int = 1
     agent: AgentLoopConfig = field(default_factory=_diffusion_agent_config)
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm_omni": {}})
 
     height: int = _SPEC.height
     width: int = _SPEC.width
