@@ -62,7 +62,8 @@ class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
             and (CPU) the warm-up request's output, which runs at ``height`` x ``width``, one step. Default 1200.
         generation_timeout_s (float): seconds one engine request (one prompt group, or one sample) may take
             before it is aborted and the step fails naming it; raise it for long videos. Default 1800.
-        seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
+        seed (int): (verl's key) base of every sample's seed, derived with the global step and row index; the
+            YAML takes the run's seed (``trainer.seed``, ``FlowGRPOTrainerConfig`` says which seeds follow it).
         weight_transport (str): how the trained weights (the LoRA, or full fine-tuning's buckets) reach the rollout
             after each update: ``"auto"`` picks by placement (CUDA IPC colocated on CUDA, ``"collective"`` for
             separate pools on CUDA, ``"host"`` on the CPU); ``"host"``, ``"ipc"`` (needs the rollout colocated on
