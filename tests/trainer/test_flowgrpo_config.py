@@ -268,3 +268,29 @@ def test_every_yaml_key_has_a_comment_above_and_no_inline_comment(path):
         value = line.split(":", 1)[1] if ":" in line else ""
         assert not re.search(r"\s#", value), f"{path.name}:{number}: inline comment in {line.strip()!r}"
         assert lines[number - 2].strip().startswith("#"), f"{path.name}:{number}: no comment above {line.strip()!r}"
+
+
+SEED_KEYS = (
+    "actor_rollout_ref.actor.seed",
+    "actor_rollout_ref.actor.engine.seed",
+    "actor_rollout_ref.rollout.seed",
+    "data.seed",
+    "algorithm.seed",
+)
+
+
+def test_the_run_seed_reaches_every_seeded_part_and_each_key_still_overrides_its_own(compose):
+    from omegaconf import OmegaConf
+
+    from verl_omni.trainer.config.validation import validate_config
+
+    def seeds(*overrides):
+        config = compose("algorithm=dance_grpo", *overrides)
+        validate_config(config)
+        return [OmegaConf.select(config, key) for key in SEED_KEYS]
+
+    assert seeds() == [0] * len(SEED_KEYS)
+    assert seeds("trainer.seed=7") == [7] * len(SEED_KEYS)
+    assert seeds("trainer.seed=7", "actor_rollout_ref.rollout.seed=3") == [7, 7, 3, 7, 7]
+    with pytest.raises(ValueError, match="trainer.seed"):
+        seeds("trainer.seed=-1")

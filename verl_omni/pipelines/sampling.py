@@ -1,7 +1,8 @@
 """The sampling spec: the one home of the sampling settings, from the config to the request to the replay.
 
 A rollout is reproducible only if the actor replays it with the settings it sampled with, so
-the settings travel as one object: :class:`SamplingSpec` is built from the rollout config
+the settings travel as one object: the rollout config is a :class:`SamplingSettings` (each setting's
+name, default and doc, once), :class:`SamplingSpec` is built from it
 (``DiffusionRolloutConfig.sampling_spec``), sent with every request as its flat field dict
 (:meth:`SamplingSpec.request_params`; the engine forwards it to the rollout pipeline inside
 ``extra_args``), read back by the pipeline (:meth:`SamplingSpec.from_sampling_params`) and by the
@@ -22,8 +23,8 @@ Guidance styles (``ModelAdapter.guidance_style``):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import FrozenInstanceError, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from verl_omni.pipelines.schedulers.flow_match_sde import MAX_NOISE_LEVEL, SDE_TYPES
@@ -56,26 +57,38 @@ BATCH_SHARED_FIELDS = (
 )
 
 
-@dataclass(frozen=True, kw_only=True)
-class SamplingSpec:
-    """How a rollout samples (and so how the actor must replay it).
+@dataclass(kw_only=True)
+class SamplingSettings:
+    """The sampling settings a run configures: each one's name, default and meaning live here, once.
+
+    The rollout config (``DiffusionRolloutConfig``, YAML ``actor_rollout_ref.rollout.<name>``) is a
+    ``SamplingSettings`` and :class:`SamplingSpec` is one plus the fields a request fills in, so a key
+    written in the config is the field the request carries and the actor replays. The values are
+    checked where a spec is built (:meth:`SamplingSpec.__post_init__`, :meth:`SamplingSpec.for_model`).
 
     Args:
         num_inference_steps (int): denoising steps T. Default 10.
-        height (int): image height in pixels, a multiple of the model's ``latent_multiple``. Default 512.
+        height (int): image height in pixels, a multiple of the model's ``latent_multiple`` (16 for Qwen-Image,
+            BAGEL). Default 512.
         width (int): image width in pixels, a multiple of the model's ``latent_multiple``. Default 512.
         num_frames (int): frames per sample: 1 for an image model; ``frame_multiple·k + 1`` for a video model (its
             VAE's temporal compression, ``ModelAdapter.frame_multiple``; Wan2.2: 1, 5, 9, ...). Default 1.
-        noise_level (float): SDE noise level a inside the window; 0 samples the ODE and records nothing. Default 0.7.
+        noise_level (float): SDE noise level a inside the window, at most ``flow_match_sde.MAX_NOISE_LEVEL`` of the
+            ``sde_type`` (sqrt(2) for ``sde``, 1 for ``cps``); 0 samples the ODE and records the clean latents (the
+            ``ode_samples`` record of DiffusionNFT; an SDE-window algorithm refuses it). Default 0.7.
         sde_type (str): the stochastic step, one of ``flow_match_sde.SDE_TYPES`` (``"sde"``, ``"cps"`` of Flow-GRPO,
             ``"dance"`` of DanceGRPO). Default ``"sde"``.
-        true_cfg_scale (float): CFG scale with a negative prompt (``"true_cfg"``/``"cfg"`` models); <= 1 is off.
-            Default 1.0 (a config's null resolves to the model's ``default_true_cfg_scale``).
-        model_kwargs (dict): model-specific settings, the keys of the adapter's ``sampling_keys`` (BAGEL:
-            ``timestep_shift``, ``cfg_img_scale``, ...). Default empty.
-        guidance_scale (float | None): the guidance embedding of a ``"distilled"`` model; None for the others.
-        sde_window_size (int): W, stochastic (recorded) steps per sample, 1 <= W <= T. Default 2.
-        sde_window_range (tuple[int, int] | None): ``(r0, r1)``, the steps a window may cover; None is ``(0, T)``.
+        true_cfg_scale (float | None): CFG scale with a negative prompt (``"true_cfg"``/``"cfg"`` models); > 1 sends
+            the negative prompt and records its conditioning, <= 1 is off. Default None: the model's
+            ``default_true_cfg_scale`` (Qwen-Image, BAGEL: 4.0; 1.0 when no model is known).
+        model_kwargs (dict): model-specific settings, sent with every request and replayed by the actor: the keys of
+            the adapter's ``sampling_keys`` (BAGEL: ``timestep_shift``, ``cfg_img_scale``, ``cfg_interval``,
+            ``cfg_renorm_type``, ``cfg_renorm_min``). Default empty: the model's defaults.
+        guidance_scale (float | None): the guidance embedding of a ``"distilled"`` model (FLUX.1-dev). Default None:
+            the model's default; a model without one refuses any other value.
+        sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
+        sde_window_range (Sequence[int] | None): ``[r0, r1]``, the steps a window may cover. Default None:
+            ``[0, T]`` (or the model's last step it can take an SDE step at, ``ModelAdapter.max_sde_window_end``).
         same_initial_noise (bool): every sample of a prompt group starts from the same initial noise (DanceGRPO's
             ``init_same_noise``): the request carries ``initial_noise_seeds``, the group's first seed for each
             sample; the SDE noise stays per sample. Default False.
@@ -87,15 +100,13 @@ class SamplingSpec:
         ode_solver (str): the ODE after the window: ``"euler"`` or ``"dpmsolver++"`` (MixGRPO-Flash). Steps before
             and between windows are always Euler. Default ``"euler"``.
         ode_solver_order (int): order of ``"dpmsolver++"``, 1 or 2. Default 2.
-        ode_post_window_ratio (float): share of the steps after the window that the ODE takes (MixGRPO-Flash's
-            compression, ``mix_ode.post_window_indices``); 1 keeps every step. Default 1.0.
+        ode_post_window_ratio (float): share of the steps after the window that the ODE takes, in (0, 1]
+            (MixGRPO-Flash's compression, ``mix_ode.post_window_indices``); below 1 saves model calls. Default 1.0
+            (off: its effect on the reward is not shown neutral yet).
             "After the window" (for both ODE keys) means after the last step any sample's window may cover, so the
             thinned schedule is one for the whole transformer batch: the shared window's end (``"progressive"``),
             or r1, the end of ``sde_window_range`` (``"random"``: every window ends by r1 whatever its seed, so
             r1 must be < T). No step a window may cover changes: the recorded steps and log-probs stay exact.
-        seeds (tuple[int, ...]): one seed per sample of a request (empty in the config and the replay).
-        initial_noise_seeds (tuple[int, ...]): per sample, the seed of its initial noise; empty: its own seed.
-        global_step (int): the trainer step a request samples for (the progressive window); 0 in the config.
     """
 
     num_inference_steps: int = 10
@@ -104,11 +115,11 @@ class SamplingSpec:
     num_frames: int = 1
     noise_level: float = 0.7
     sde_type: str = "sde"
-    true_cfg_scale: float = 1.0
+    true_cfg_scale: float | None = None
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     guidance_scale: float | None = None
     sde_window_size: int = 2
-    sde_window_range: tuple[int, int] | None = None
+    sde_window_range: Sequence[int] | None = None
     same_initial_noise: bool = False
     sde_window_schedule: str = "random"
     sde_window_stride: int = 1
@@ -116,12 +127,38 @@ class SamplingSpec:
     ode_solver: str = "euler"
     ode_solver_order: int = 2
     ode_post_window_ratio: float = 1.0
+
+    def sampling_settings(self) -> dict[str, Any]:
+        """This object's sampling settings by name (a config's, to build a :class:`SamplingSpec` from)."""
+        return {f.name: getattr(self, f.name) for f in fields(SamplingSettings)}
+
+
+@dataclass(kw_only=True)
+class SamplingSpec(SamplingSettings):
+    """How a rollout samples (and so how the actor must replay it): the :class:`SamplingSettings`, checked and
+    resolved (``true_cfg_scale`` None is 1.0 here, ``sde_window_range`` a tuple; :meth:`resolve` gives the model's
+    defaults), plus the fields a request fills in. Immutable: :func:`dataclasses.replace` makes a changed copy.
+
+    Args:
+        seeds (tuple[int, ...]): one seed per sample of a request (empty in the config and the replay).
+        initial_noise_seeds (tuple[int, ...]): per sample, the seed of its initial noise; empty: its own seed.
+        global_step (int): the trainer step a request samples for (the progressive window); 0 in the config.
+    """
+
     seeds: tuple[int, ...] = ()
     initial_noise_seeds: tuple[int, ...] = ()
     global_step: int = 0
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a spec travels with requests and batches: a field set once (in __init__) stays
+        if name in self.__dict__:
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: a SamplingSpec is immutable (use replace)")
+        super().__setattr__(name, value)
+
     def __post_init__(self):
         # normalize containers (YAML lists, OmegaConf nodes, numpy ints) so that equal specs compare equal
+        if self.true_cfg_scale is None:
+            object.__setattr__(self, "true_cfg_scale", 1.0)
         if self.sde_window_range is not None:
             object.__setattr__(self, "sde_window_range", tuple(int(v) for v in self.sde_window_range))
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))

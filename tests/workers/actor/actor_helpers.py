@@ -42,6 +42,8 @@ def build_actor(
         optim,
         CheckpointConfig(),
     )
+    # one sample per forward unless a test asks otherwise: the actor tests' batches are a few samples
+    actor_kwargs.setdefault("ppo_micro_batch_size_per_gpu", 1)
     actor_config = DiffusionActorConfig(clip_ratio=0.2, **actor_kwargs)
     algorithm_config = algorithm_config or get_algorithm("flow_grpo").config_cls()
     # as DiffusionActorWorker.init_model: an old-policy adapter must exist before FSDP wraps the module

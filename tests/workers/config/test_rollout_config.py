@@ -114,3 +114,27 @@ def test_a_forced_weight_transport_the_placement_cannot_serve_is_refused(request
 
     with pytest.raises(ValueError, match=f"actor_rollout_ref.rollout.weight_transport={requested} needs"):
         weight_transport_for(requested, colocated, device)
+
+
+def test_the_sampling_keys_are_declared_once_and_the_flat_overrides_reach_the_spec(tiny_qwen_image_path):
+    from dataclasses import FrozenInstanceError, fields
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from verl_omni.pipelines.sampling import SamplingSettings
+    from verl_omni.utils.config import compose_config
+
+    settings = {f.name for f in fields(SamplingSettings)}
+    assert not settings & set(DiffusionRolloutConfig.__annotations__), "a sampling key is declared a second time"
+    config = compose_config(
+        "rollout_standalone",
+        [
+            f"actor_rollout_ref.model.path={tiny_qwen_image_path}",
+            "actor_rollout_ref.rollout.sde_window_size=3",
+            "actor_rollout_ref.rollout.sde_window_range=[1,5]",
+        ],
+    )
+    spec = omega_conf_to_dataclass(config.actor_rollout_ref.rollout).sampling_spec()
+    assert (spec.sde_window_size, spec.sde_window_range, spec.true_cfg_scale) == (3, (1, 5), 1.0)
+    with pytest.raises(FrozenInstanceError, match="sde_window_size"):
+        spec.sde_window_size = 4

@@ -58,6 +58,12 @@ class FlowGRPOTrainerConfig(BaseConfig):
         trainer_mode (str): ``sync`` (each step samples with the current weights, then trains) or
             ``separate_async`` (verl's name: rollout and actor on separate devices, the generation of the
             next steps runs while the actor trains; needs ``colocate_rollout=false``). ``docs/guide/scale.md``.
+        seed (int): the run's seed. By default every seeded part of a run takes it, through the YAML
+            (``${oc.select:trainer.seed,0}``): the actor's shuffling (``actor_rollout_ref.actor.seed``), the LoRA
+            initialization (``actor_rollout_ref.actor.engine.seed``), every sample's rollout seed
+            (``actor_rollout_ref.rollout.seed``, mixed with the step and row), the prompt order (``data.seed``) and
+            an algorithm's own draws (``algorithm.seed``, DanceGRPO); each of those keys still overrides its own.
+            verl has no run-wide seed; ``trainer`` holds the run's other settings. Default 0.
         max_staleness (int): ``separate_async``: how many updates a batch's sampling weights may lag the
             policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
             k-1's update); also how many generations run ahead of training. Ignored by ``sync``.
@@ -87,6 +93,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
     builtin_dir: str = "outputs/builtin"
     trainer_mode: str = "sync"
     max_staleness: int = 1
+    seed: int = 0
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)
@@ -102,6 +109,8 @@ class FlowGRPOTrainerConfig(BaseConfig):
                 raise ValueError(f"trainer.{key} must be >= 1, got {getattr(self, key)}")
         if self.total_training_steps is not None and self.total_training_steps < 1:
             raise ValueError(f"trainer.total_training_steps must be >= 1 or null, got {self.total_training_steps}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"trainer.seed must be an integer >= 0 (the run's seed), got {self.seed!r}")
         if self.trainer_mode not in TRAINER_MODES:
             raise ValueError(f"trainer.trainer_mode must be one of {TRAINER_MODES}, got {self.trainer_mode!r}")
         if not isinstance(self.max_staleness, int) or isinstance(self.max_staleness, bool) or self.max_staleness < 1:

@@ -52,11 +52,11 @@ class DiffusionActorConfig(BaseConfig):
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
         checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
-            transformer, and exact-resume state, ``docs/guide/training.md``).
+            transformer, and exact-resume state, ``docs/guide/training.md``); ``save_lora_only`` as the YAML sets it.
     """
 
-    ppo_mini_batch_size: int = 8
-    ppo_micro_batch_size_per_gpu: int = 1
+    ppo_mini_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 4
     infer_micro_batch_size_per_gpu: int = 0
     ppo_epochs: int = 1
     shuffle: bool = False
@@ -68,7 +68,7 @@ class DiffusionActorConfig(BaseConfig):
     ema_decay: float = 0.0
     engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(save_lora_only=True))
 
     def __post_init__(self):
         for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):

@@ -70,7 +70,8 @@ class DiffusionRewardConfig(BaseConfig):
     """Reward loop for generated images (``reward.diffusion``).
 
     Args:
-        scorers (list[ScorerConfig]): the weighted scorers, at least one.
+        scorers (list[ScorerConfig]): the weighted scorers, at least one. Default: the toy ``brightness`` reward
+            the built-in tiny run learns; real runs set theirs (e.g. ``ocr``).
         preflight (bool): before Ray starts, check that every scorer's ``params.url`` answers
             (``verl_omni/trainer/config/preflight.py``); False skips it (a service started later). Default True.
         num_workers (int): reward loop workers (Ray actors). Default 1.
@@ -92,7 +93,7 @@ class DiffusionRewardConfig(BaseConfig):
             the image parts of the prompt's last user turn, where verl's dataset puts them. Default None.
     """
 
-    scorers: list = field(default_factory=list)
+    scorers: list = field(default_factory=lambda: [ScorerConfig(type="brightness", weight=1.0)])
     preflight: bool = True
     num_workers: int = 1
     async_reward: bool = False

@@ -1,6 +1,7 @@
 """Config of the diffusion rollout (the ``actor_rollout_ref.rollout`` node with ``name: vllm_omni``).
 
-``DiffusionRolloutConfig`` extends verl's ``RolloutConfig`` with the diffusion sampling keys, so
+``DiffusionRolloutConfig`` extends verl's ``RolloutConfig`` with the diffusion sampling keys (it is a
+``SamplingSettings``: the keys are that dataclass's fields, defined and documented once), so
 verl's replicas, servers and agent-loop manager (which read the text-model keys: ``nnodes``,
 ``n_gpus_per_node``, ``agent``, ``free_cache_engine``...) keep working on it. Every error names the
 full dotted key.
@@ -8,13 +9,13 @@ full dotted key.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 from verl.workers.config import RolloutConfig
 from verl.workers.config.rollout import AgentLoopConfig
 
-from verl_omni.pipelines.sampling import REQUEST_FIELDS, SamplingSpec
+from verl_omni.pipelines.sampling import SamplingSettings, SamplingSpec
 from verl_omni.workers.rollout.routing import RolloutServerRoutingConfig
 
 KEY = "actor_rollout_ref.rollout"
@@ -33,8 +34,6 @@ WEIGHT_TRANSPORT_KEY = f"{KEY}.weight_transport"
 # NCCL on CUDA, gloo on CPU); "auto" picks by placement
 HOST, IPC, COLLECTIVE = "host", "ipc", "collective"
 WEIGHT_TRANSPORTS = ("auto", HOST, IPC, COLLECTIVE)
-# the sampling spec's defaults: the config mirrors the spec's fields as flat keys, with the same defaults
-_SPEC = SamplingSpec()
 
 
 def _diffusion_agent_config() -> AgentLoopConfig:
@@ -42,49 +41,20 @@ def _diffusion_agent_config() -> AgentLoopConfig:
 
 
 @dataclass
-class DiffusionRolloutConfig(RolloutConfig):
+class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
     """verl's rollout config plus diffusion sampling (Flow-GRPO SDE window, guidance, routing).
 
-    The sampling keys are the flat YAML mirror of :class:`~verl_omni.pipelines.sampling.SamplingSpec`
-    (same names, same meaning, same defaults): :meth:`sampling_spec` builds the spec, which is where
-    they are checked (values here; what the model can honour in ``trainer/config/validation.py``).
+    The sampling keys (``height``, ``num_inference_steps``, ``noise_level``, ``sde_window_size``, ...) are the
+    fields of :class:`~verl_omni.pipelines.sampling.SamplingSettings`, inherited: their names, defaults and
+    meaning are documented there, once. :meth:`sampling_spec` builds the :class:`SamplingSpec` from them, which
+    is where they are checked (values here; what the model can honour in ``trainer/config/validation.py``).
 
     Args:
-        height (int): image height in pixels, a multiple of the model's latent multiple (16 for Qwen-Image). Default 512.
-        width (int): image width in pixels, likewise. Default 512.
-        num_frames (int): frames per sample: 1 for an image model, ``4k + 1`` for Wan2.2 (the model adapter's
-            ``frame_multiple``, its VAE's temporal compression). Default 1.
-        num_inference_steps (int): denoising steps T. Default 10.
-        true_cfg_scale (float | None): CFG scale with a negative prompt; > 1 sends ``negative_prompt`` and records
-            its conditioning, <= 1 disables CFG; null takes the model's default (Qwen-Image, BAGEL: 4.0).
-        guidance_scale (float | None): the guidance embedding of a guidance-distilled model (FLUX.1-dev); null takes
-            the model's default; must stay null for a model without one.
         negative_prompt (str): the negative prompt when a row has none (``non_tensor_batch["negative_prompt"]``).
-        noise_level (float): SDE noise level a inside the window (training), in (0, sqrt(2)] for ``sde``
-            and (0, 1] for ``cps`` (``flow_match_sde.MAX_NOISE_LEVEL`` says why); 0 samples the ODE and records
-            the clean latents (the ``ode_samples`` record of DiffusionNFT; an SDE-window algorithm refuses it).
-            Default 0.7.
-        val_noise_level (float): noise level in validation, in the same range; 0 samples the deterministic
-            ODE. Default 0.0.
-        sde_type (str): the stochastic step: ``"sde"`` or ``"cps"`` (Flow-GRPO), ``"dance"`` (DanceGRPO). Default ``"sde"``.
-        sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
-        sde_window_range (list[int] | None): ``[r0, r1]``, the steps the window may cover; None is ``[0, T]``.
-        same_initial_noise (bool): the samples of a prompt group start from one initial noise (DanceGRPO). Default False.
-        sde_window_schedule (str): ``"random"`` (seeded per sample, Flow-GRPO) or ``"progressive"`` (one window for
-            all samples, sliding with the training step, MixGRPO). Default ``"random"``.
-        sde_window_stride (int): progressive window: steps it moves per shift; 0 keeps it at r0. Default 1.
-        sde_window_shift_every (int): progressive window: training steps between two shifts. Default 25.
-        ode_solver (str): the ODE after the window: ``"euler"`` or ``"dpmsolver++"`` (MixGRPO-Flash). Default ``"euler"``.
-        ode_solver_order (int): order of ``"dpmsolver++"`` (1 or 2). Default 2.
-        ode_post_window_ratio (float): share of the steps after the window the ODE takes, in (0, 1]. "After the
-            window" is after the shared window (``"progressive"``) or after r1 of ``sde_window_range``
-            (``"random"``, which then needs r1 < T): steps no window can cover, so below 1 saves model calls
-            and leaves the recorded steps exact (``SamplingSpec``; docs/guide/rollout.md). Default 1.0 (off: its
-            reward effect is not shown neutral yet).
-        model_kwargs (dict): model-specific sampling settings, sent with every request and replayed by the
-            actor (``SamplingSpec.model_kwargs``); the keys the model adapter's ``sampling_keys`` names (BAGEL:
-            ``timestep_shift``, ``cfg_img_scale``, ``cfg_interval``, ``cfg_renorm_type``, ``cfg_renorm_min``).
-            Default empty: the model's defaults.
+        val_noise_level (float): the ``noise_level`` of validation rollouts, in the same range; 0 (default) samples
+            the deterministic ODE.
+        engine_kwargs (dict): ``vllm_omni``: keyword arguments of the vLLM-Omni engine (``AsyncOmni``), passed
+            through. Default ``{"vllm_omni": {}}``.
         enable_batched_diffusion (bool): generate each group of ``n`` rows sharing a prompt with one
             ``generate_batched`` request (one transformer batch). Default True.
         server_routing (RolloutServerRoutingConfig): how requests are spread over replicas.
@@ -92,7 +62,8 @@ class DiffusionRolloutConfig(RolloutConfig):
             and (CPU) the warm-up request's output, which runs at ``height`` x ``width``, one step. Default 1200.
         generation_timeout_s (float): seconds one engine request (one prompt group, or one sample) may take
             before it is aborted and the step fails naming it; raise it for long videos. Default 1800.
-        seed (int): (verl's key) base of every sample's seed, derived with the global step and row index.
+        seed (int): (verl's key) base of every sample's seed, derived with the global step and row index; the
+            YAML takes the run's seed (``trainer.seed``, ``FlowGRPOTrainerConfig`` says which seeds follow it).
         weight_transport (str): how the trained weights (the LoRA, or full fine-tuning's buckets) reach the rollout
             after each update: ``"auto"`` picks by placement (CUDA IPC colocated on CUDA, ``"collective"`` for
             separate pools on CUDA, ``"host"`` on the CPU); ``"host"``, ``"ipc"`` (needs the rollout colocated on
@@ -105,27 +76,9 @@ class DiffusionRolloutConfig(RolloutConfig):
     name: str = "vllm_omni"
     tensor_model_parallel_size: int = 1
     agent: AgentLoopConfig = field(default_factory=_diffusion_agent_config)
-
-    height: int = _SPEC.height
-    width: int = _SPEC.width
-    num_frames: int = _SPEC.num_frames
-    num_inference_steps: int = _SPEC.num_inference_steps
-    true_cfg_scale: float | None = None
-    guidance_scale: float | None = None
+    engine_kwargs: dict = field(default_factory=lambda: {"vllm_omni": {}})
     negative_prompt: str = " "
-    noise_level: float = _SPEC.noise_level
     val_noise_level: float = 0.0
-    sde_type: str = _SPEC.sde_type
-    sde_window_size: int = _SPEC.sde_window_size
-    sde_window_range: list[int] | None = None
-    same_initial_noise: bool = _SPEC.same_initial_noise
-    sde_window_schedule: str = _SPEC.sde_window_schedule
-    sde_window_stride: int = _SPEC.sde_window_stride
-    sde_window_shift_every: int = _SPEC.sde_window_shift_every
-    ode_solver: str = _SPEC.ode_solver
-    ode_solver_order: int = _SPEC.ode_solver_order
-    ode_post_window_ratio: float = _SPEC.ode_post_window_ratio
-    model_kwargs: dict = field(default_factory=dict)
     enable_batched_diffusion: bool = True
     server_routing: RolloutServerRoutingConfig = field(default_factory=RolloutServerRoutingConfig)
     engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S
@@ -179,7 +132,7 @@ class DiffusionRolloutConfig(RolloutConfig):
         """The :class:`SamplingSpec` of training (``validate=False``) or validation rollouts (``val_noise_level``):
         null guidance resolved to ``adapter``'s defaults and checked against its model when given. Errors name
         the full key."""
-        values = {f.name: getattr(self, f.name) for f in fields(SamplingSpec) if f.name not in REQUEST_FIELDS}
+        values = self.sampling_settings()
         if validate:
             values["noise_level"] = self.val_noise_level
         try:
