@@ -13,7 +13,7 @@ bundle=${1:?bundle dir}; shift
 eval "$(bash "$(dirname "$0")/setup_stack.sh" "$bundle")"
 out=${OUT:-/tmp/gpu_tests}
 mkdir -p "$out"
-cards=$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | awk '{$1=$1" x"; print}' | paste -sd ', ')
+cards=$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | awk '{$1=$1" x"; print}' | paste -sd ',')
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 echo "visible GPUs: $gpus ($cards)"
 set +e
