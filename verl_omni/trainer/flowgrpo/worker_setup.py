@@ -165,11 +165,13 @@ class WorkerSetup:
 
     def lost_worker_message(self, error) -> str:
         """The error of a run whose Ray worker died or became unreachable (``RayActorError``): which worker, on
-        which node, and what to do; a lost worker ends the run (no failover)."""
+        which node, and what to do; a lost worker ends the run (no failover). A live worker's task that failed on a
+        dead one arrives as a ``RayTaskError`` that is also a ``RayActorError``: its ``actor_id`` is the dead
+        worker's (Ray reads the attributes of such an error from its cause)."""
         where = self.worker_placement.get(error.actor_id)
         worker = where or f"Ray actor {error.actor_id}"
         return (
-            f"the run lost {worker}: its process or its node is gone ({type(error).__name__}: {error}). The run "
+            f"the run lost {worker}: its process or its node is gone ({type(error).__name__}, above). The run "
             "stops; start it again once the cluster has its nodes back: trainer.resume_mode=auto resumes from the "
             "newest complete checkpoint in trainer.default_local_dir"
         )
