@@ -4,6 +4,7 @@ every test that runs on Ray (each start of a Ray node costs seconds to tens of s
 Importing ``verl_omni`` here would register things as a side effect; fixtures import lazily.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -200,14 +201,15 @@ def _start_node(cmd: list[str], env: dict, temp_dir: str) -> None:
             raise RuntimeError(f"{' '.join(cmd)} failed (attempt {attempt}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """``(address, env, dashboard)`` of the session's Ray cluster: a head + one worker node on this machine.
+@contextlib.contextmanager
+def ray_nodes(*cpus_per_node: int, dashboard: bool = False):
+    """``(address, env, dashboard_url, node_dirs)`` of a new Ray cluster on this machine: a head and one more node
+    per further entry of ``cpus_per_node`` (each node's logical CPUs), joined with ``ray start --address``.
 
-    Every trainer run joins it (``ray_kwargs.ray_init.address``) instead of starting its own node; a run's
-    actors end with its driver, so runs follow each other on it. Its own port and temp dir, so other Ray
-    clusters on the machine are left alone (no ``ray stop``): stopped by PID at the end of the session.
-    The head runs a dashboard on a free port: the state API (``list_actors``) is served by it.
+    Its own port and temp dirs (``node_dirs``: the head's first; every process of a node names its dir on its
+    command line), so other Ray clusters on the machine are left alone (no ``ray stop``): stopped by PID on exit.
+    ``dashboard``: the head serves one on a free port (the state API, ``list_actors``, needs it), else
+    ``dashboard_url`` is None.
     """
     root = tempfile.mkdtemp(prefix="rmn_", dir="/tmp")  # short: Ray's socket paths must stay < 108 chars
     env = {
@@ -218,17 +220,42 @@ def ray_cluster():
     }
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    dashboard_port = _free_port()
-    common = [f"--num-cpus={CPUS_PER_NODE}", "--disable-usage-stats"]
-    head = ["--head", f"--port={port}", f"--temp-dir={root}/head", f"--dashboard-port={dashboard_port}"]
-    worker = [f"--address={address}", f"--temp-dir={root}/worker"]
+    node_dirs = [f"{root}/head", *(f"{root}/node{i}" for i in range(1, len(cpus_per_node)))]
+    head = ["--head", f"--port={port}"]
+    url = None
+    if dashboard:
+        dashboard_port = _free_port()
+        head.append(f"--dashboard-port={dashboard_port}")
+        url = f"http://127.0.0.1:{dashboard_port}"
+    else:
+        head.append("--include-dashboard=false")
     try:
-        _start_node([RAY, "start", *head, *common], env, f"{root}/head")
-        _start_node([RAY, "start", *worker, *common], env, f"{root}/worker")
-        yield address, env, f"http://127.0.0.1:{dashboard_port}"
+        for i, (cpus, node_dir) in enumerate(zip(cpus_per_node, node_dirs, strict=True)):
+            where = head if i == 0 else [f"--address={address}"]
+            cmd = [RAY, "start", *where, f"--temp-dir={node_dir}", f"--num-cpus={cpus}", "--disable-usage-stats"]
+            _start_node(cmd, env, node_dir)
+        yield address, env, url, node_dirs
     finally:
         _stop(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """``(address, env, dashboard)`` of the session's Ray cluster: a head + one worker node on this machine.
+
+    Every trainer run joins it (``ray_kwargs.ray_init.address``) instead of starting its own node; a run's
+    actors end with its driver, so runs follow each other on it. The head runs a dashboard on a free port: the
+    state API (``list_actors``) is served by it.
+    """
+    with ray_nodes(CPUS_PER_NODE, CPUS_PER_NODE, dashboard=True) as (address, env, dashboard, _):
+        yield address, env, dashboard
+
+
+@pytest.fixture(scope="session")
+def new_ray_cluster():
+    """:func:`ray_nodes`, for a test that needs a cluster of its own (one it may break, or other node sizes)."""
+    return ray_nodes
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import time
 
 import pytest
 import torch
+from figures import figure
 from trainer_helpers import REPO, by_step, read_metrics, run_entry_point
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1200)]
@@ -40,7 +41,8 @@ def _colocated_run(out, tiny_path, prompt_files, *extra) -> list[dict]:
     start = time.perf_counter()
     proc = run_entry_point(out, tiny_path, prompt_files, *COLOCATED, *extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    print(f"colocated on one GPU, 2 steps {extra}: {time.perf_counter() - start:.0f} s")
+    print(f"colocated on one GPU, 2 steps {extra}")
+    figure("run_s", time.perf_counter() - start)
     return read_metrics(out)
 
 
@@ -55,8 +57,12 @@ def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated)
     metrics = by_step(records)
     assert sorted(metrics) == [0, 1, 2]
     diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
-    print(f"actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 (after sleep/wake) {diffs[1]:.3g}")
-    print({k: round(v, 3) for k, v in metrics[2].items() if k.startswith("timing_s/")})
+    # actor vs rollout log-prob, bf16 on CUDA; step 2 samples after a sleep/wake cycle
+    figure("logprob_diff_step1", diffs[0])
+    figure("logprob_diff_step2", diffs[1])
+    for key, value in metrics[2].items():
+        if key.startswith("timing_s/"):
+            figure(key, value)
     assert diffs[1] <= 10 * max(diffs[0], 1e-3)
     assert metrics[2]["sync/lora_modules_bound_min"] > 0
     assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained LoRA reached the rollout"
@@ -84,7 +90,11 @@ def _synced_steps(records, what: str) -> dict:
     assert sorted(metrics) == [0, 1, 2]
     diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
     sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
-    print(f"{what}, actor vs rollout log-prob, bf16 on CUDA: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}")
+    print(f"{what}: actor vs rollout log-prob (bf16 on CUDA) and step 2's sync")
+    figure("logprob_diff_step1", diffs[0])
+    figure("logprob_diff_step2", diffs[1])
+    for key, value in sync.items():
+        figure(key, value)
     assert diffs[1] <= 10 * max(diffs[0], 1e-3)
     assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained weights reached the rollout"
     return sync
@@ -158,10 +168,12 @@ def test_separate_pools_full_fine_tuning_broadcasts_every_bucket_over_nccl(
     assert sorted(metrics) == [0, 1, 2]
     diffs = [metrics[s]["old_log_prob/rollout_diff_max"] for s in (1, 2)]
     sync = {k: v for k, v in metrics[2].items() if k.startswith("sync/")}
-    print(
-        f"separate pools on 2 GPUs, 2 steps: {time.perf_counter() - start:.0f} s; full fine-tuning, actor vs rollout "
-        f"log-prob, bf16: step 1 {diffs[0]:.3g}, step 2 {diffs[1]:.3g}; {sync}"
-    )
+    # separate pools on 2 GPUs, 2 steps, full fine-tuning: actor vs rollout log-prob (bf16) and step 2's sync
+    figure("run_s", time.perf_counter() - start)
+    figure("logprob_diff_step1", diffs[0])
+    figure("logprob_diff_step2", diffs[1])
+    for key, value in sync.items():
+        figure(key, value)
     assert sync["sync/weight_group_members"] == 2, "actor rank 0 and the replica's worker"
     assert sync["sync/full_weight_buckets"] > 1 and sync["sync/full_weight_params_written_min"] > 0
     # step 2 samples with the broadcast transformer: a lost or stale bucket would make the replay disagree

@@ -65,7 +65,19 @@ def run_trainer(out: Path, model: Path, prompts, cluster, *overrides: str) -> tu
 
 
 def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict | None = None):
-    """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process.
+    """``python -m verl_omni.trainer.main_flowgrpo`` with the tiny sizes and ``overrides``; the finished process."""
+    return subprocess.run(
+        entry_point_command(out, model, prompts, *overrides),
+        cwd=out.parent,
+        env=env or entry_point_env(),
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+
+
+def entry_point_command(out: Path, model: Path, prompts, *overrides: str) -> list[str]:
+    """The command line of :func:`run_entry_point`: the entry point with the tiny sizes and ``overrides``.
 
     The tiny sizes are model-neutral (no guidance key): every model's defaults must work with them. An override
     of a key the tiny sizes set replaces it (Hydra refuses a key given twice)."""
@@ -92,18 +104,12 @@ def run_entry_point(out: Path, model: Path, prompts, *overrides: str, env: dict 
     ]
     overridden = {o.split("=", 1)[0].lstrip("+") for o in overrides}
     args = [a for a in tiny if a.split("=", 1)[0] not in overridden] + list(overrides)
-    env = env or {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "verl_omni.trainer.main_flowgrpo", *args],
-        cwd=out.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-    )
+    return [sys.executable, "-m", "verl_omni.trainer.main_flowgrpo", *args]
+
+
+def entry_point_env() -> dict:
+    """This environment with this checkout first on ``PYTHONPATH`` (the run's Ray workers inherit it)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
 
 
 def read_metrics(out: Path) -> list[dict]:

@@ -75,7 +75,8 @@ def init_ray(config: DictConfig, device: str) -> None:
     if ray.is_initialized():
         return
     kwargs = {k: v for k, v in OmegaConf.to_container(config.ray_kwargs.ray_init).items() if v is not None}
-    if device == "cpu" and "address" not in kwargs:
+    # RAY_ADDRESS joins a cluster as the address key does, and Ray refuses num_cpus when joining
+    if device == "cpu" and "address" not in kwargs and not os.environ.get("RAY_ADDRESS"):
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
     runtime_env = get_ppo_ray_runtime_env(config)
     for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
@@ -129,12 +130,16 @@ def run_flowgrpo(config: DictConfig) -> None:
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
     trainer.init()
+    from ray.exceptions import RayActorError
+
     try:
         trainer.fit()
     except KeyboardInterrupt:
         # Ctrl-C: what the run did so far, then stop as interrupted
         trainer.write_summary(interrupted=True)
         raise
+    except RayActorError as e:  # a worker's process or node died: name it and where it ran
+        raise RuntimeError(trainer.lost_worker_message(e)) from e
 
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)

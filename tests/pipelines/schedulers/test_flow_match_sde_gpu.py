@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from figures import figure
 
 from verl_omni.algorithms.flow_grpo_math import compute_flow_grpo_policy_loss
 from verl_omni.pipelines.qwen_image.tiny_model import QWEN_IMAGE_SCHEDULER_CONFIG
@@ -27,7 +28,7 @@ def test_cuda_step_matches_cpu_with_bf16_model_output(sde_type):
 
     assert gpu.log_prob.dtype == torch.float32 and gpu.log_prob.is_cuda
     diff = (gpu.log_prob.cpu() - cpu.log_prob).abs().max().item()
-    print(f"{sde_type}: max |log_prob cuda - cpu| = {diff:.3e}")
+    figure("logprob_diff_cuda_vs_cpu", diff)
     torch.testing.assert_close(gpu.log_prob.cpu(), cpu.log_prob, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gpu.prev_sample_mean.cpu(), cpu.prev_sample_mean, rtol=1e-5, atol=1e-5)
 

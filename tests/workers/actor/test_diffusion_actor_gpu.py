@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from actor_helpers import batch_of, build_actor
+from figures import figure
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +21,7 @@ def test_fp32_replay_on_cuda_matches_cpu_sampler_and_update_direction(
     actor = build_actor(tiny_qwen_image_path, engine_kwargs=fp32, ppo_mini_batch_size=4)
     batch = batch_of(rec, torch.ones(4))
     old = actor.compute_log_prob(batch, spec)
-    print(f"fp32 CUDA vs CPU sampler: max |d log p| = {(old - rec['rollout_log_probs']).abs().max().item():.3e}")
+    figure("logprob_diff_fp32_cuda_vs_cpu_sampler", (old - rec["rollout_log_probs"]).abs().max().item())
     torch.testing.assert_close(old, rec["rollout_log_probs"], rtol=0, atol=1e-4)
     batch["old_log_probs"] = old
     metrics = actor.update_policy(batch, spec)
@@ -39,8 +40,8 @@ def test_bf16_compute_on_cuda_trains_with_finite_gradients(
     actor = build_actor(tiny_qwen_image_path, ppo_mini_batch_size=4)  # default on CUDA: bf16 compute
     batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
     batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
-    print(
-        f"bf16 CUDA vs CPU sampler: max |d log p| = {(batch['old_log_probs'] - rec['rollout_log_probs']).abs().max():.3e}"
+    figure(
+        "logprob_diff_bf16_cuda_vs_cpu_sampler", (batch["old_log_probs"] - rec["rollout_log_probs"]).abs().max().item()
     )
     assert bool(torch.isfinite(batch["old_log_probs"]).all())
     metrics = actor.update_policy(batch, spec)
@@ -70,9 +71,9 @@ def test_compiled_transformer_blocks_replay_and_train_like_eager(
         metrics = actor.update_policy(batch, spec)
         results[compiled] = (batch["old_log_probs"], metrics["actor/grad_norm"])
     (eager_lp, eager_grad), (compiled_lp, compiled_grad) = results[False], results[True]
-    print(
-        f"compiled vs eager (bf16): max |d log p| = {(compiled_lp - eager_lp).abs().max():.3e}, "
-        f"grad norm {compiled_grad:.4e} vs {eager_grad:.4e}"
-    )
+    # compiled vs eager, bf16
+    figure("logprob_diff_compiled_vs_eager", (compiled_lp - eager_lp).abs().max().item())
+    figure("grad_norm_compiled", compiled_grad, ".4e")
+    figure("grad_norm_eager", eager_grad, ".4e")
     torch.testing.assert_close(compiled_lp, eager_lp, rtol=0, atol=2e-3)
     assert abs(compiled_grad - eager_grad) <= 0.05 * eager_grad

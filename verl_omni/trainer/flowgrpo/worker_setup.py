@@ -4,7 +4,8 @@ rollout and agent-loop workers started side by side (``_setup`` calls these in t
 A mixin of the trainer (listed before verl's ``PPOTrainer``, whose own ``_init_tokenizer`` / ``_init_dataloader``
 build token datasets): it reads the trainer's ``config`` / ``configs``, ``device`` and ``colocate`` and sets the
 attributes the loop uses (``train_dataloader``, ``val_dataloader``, ``total_training_steps``, ``actor_rollout_wg``,
-``reward_loop_manager``, ``llm_server_manager``, ``agent_loop_manager``).
+``reward_loop_manager``, ``llm_server_manager``, ``agent_loop_manager``, and ``worker_placement``: where each
+Ray worker runs, logged once and named by :meth:`WorkerSetup.lost_worker_message` when one is lost).
 """
 
 from __future__ import annotations
@@ -25,11 +26,20 @@ logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 
+def _where(_actor) -> tuple[str, str]:
+    """``(actor id, "node <id> (<ip>)")`` of the calling actor (run in it through ``__ray_call__``)."""
+    context = ray.get_runtime_context()
+    return context.get_actor_id(), f"node {context.get_node_id()} ({ray.util.get_node_ip_address()})"
+
+
 class WorkerSetup:
     """The trainer's start-up steps (see the module docstring)."""
 
     def _check_device_layout(self):
-        """Fail before any placement group waits forever: the layout must fit the cluster's GPUs."""
+        """Fail before any placement group waits forever: the layout must fit the cluster's GPUs (on CPU, its
+        logical CPUs)."""
+        if self.device == "cpu":
+            self._check_cpu_layout()
         if self.device != "cuda":
             return
         trainer, rollout = self.configs.trainer, self.config.actor_rollout_ref.rollout
@@ -44,6 +54,28 @@ class WorkerSetup:
                 f"{reward_gpus:g} (reward.diffusion.num_workers x num_gpus_per_worker), the Ray cluster has "
                 f"{available}: set trainer.colocate_rollout=true to put the rollout on the actor's GPUs, or "
                 "reward.diffusion.resource_pool=actor for the reward models"
+            )
+
+    def _check_cpu_layout(self):
+        """On CPU each actor rank and each replica's server reserves one logical CPU, and each reward worker with
+        resources of its own ``num_cpus_per_worker``: a cluster with fewer leaves a placement group waiting."""
+        from verl_omni.workers.rollout.vllm_omni.server import CPU_SERVER_NUM_CPUS
+
+        trainer, rollout, reward = self.configs.trainer, self.config.actor_rollout_ref.rollout, self.configs.reward
+        ranks = trainer.nnodes * trainer.n_gpus_per_node
+        devices = ranks if self.colocate else rollout.nnodes * rollout.n_gpus_per_node
+        replicas = devices // rollout.tensor_model_parallel_size
+        reward_cpus = reward.num_workers * reward.num_cpus_per_worker if reward.resource_pool == "own" else 0.0
+        needed = ranks + replicas * CPU_SERVER_NUM_CPUS + reward_cpus
+        available = ray.cluster_resources().get("CPU", 0.0)
+        if needed > available:
+            raise ValueError(
+                f"on CPU the run reserves {needed:g} logical CPUs: {ranks} actor ranks (trainer.nnodes x "
+                f"trainer.n_gpus_per_node), {replicas} rollout replicas (actor_rollout_ref.rollout.nnodes x "
+                f"n_gpus_per_node, or one per rank with trainer.colocate_rollout=true) and {reward_cpus:g} for the "
+                f"reward workers (reward.diffusion.num_workers x num_cpus_per_worker); the Ray cluster has "
+                f"{available:g}: start its nodes with more (ray start --num-cpus=N; a local run: "
+                "ray_kwargs.ray_init.num_cpus=N) or ask for fewer ranks and replicas"
             )
 
     def _init_tokenizer(self):
@@ -114,6 +146,35 @@ class WorkerSetup:
             if actor is not None:
                 actor.result()
         self._actor_loaded()
+        self._log_placement()
+
+    def _log_placement(self) -> None:
+        """One line naming the node (id and IP) of each of the run's Ray workers (actor ranks, replicas, reward,
+        agent-loop and routing workers): on several nodes it tells which workers a lost node took with it
+        (:meth:`lost_worker_message` names them by it)."""
+        workers = {f"actor rank {i}": handle for i, handle in enumerate(self.actor_rollout_wg.workers)}
+        workers |= {f"replica {i}": handle for i, handle in enumerate(self.llm_server_manager.server_handles)}
+        workers |= {f"reward worker {i}": h for i, h in enumerate(self.reward_loop_manager.reward_loop_workers)}
+        workers |= {f"agent-loop worker {i}": h for i, h in enumerate(self.agent_loop_manager.agent_loop_workers)}
+        workers["request balancer"] = self.llm_server_manager.global_load_balancer
+        found = ray.get([handle.__ray_call__.remote(_where) for handle in workers.values()])
+        self.worker_placement = {
+            actor_id: f"{name} on {node}" for name, (actor_id, node) in zip(workers, found, strict=True)
+        }
+        logger.info("placement: %s", ", ".join(self.worker_placement.values()))
+
+    def lost_worker_message(self, error) -> str:
+        """The error of a run whose Ray worker died or became unreachable (``RayActorError``): which worker, on
+        which node, and what to do; a lost worker ends the run (no failover). A live worker's task that failed on a
+        dead one arrives as a ``RayTaskError`` that is also a ``RayActorError``: its ``actor_id`` is the dead
+        worker's (Ray reads the attributes of such an error from its cause)."""
+        where = self.worker_placement.get(error.actor_id)
+        worker = where or f"Ray actor {error.actor_id}"
+        return (
+            f"the run lost {worker}: its process or its node is gone ({type(error).__name__}, above). The run "
+            "stops; start it again once the cluster has its nodes back: trainer.resume_mode=auto resumes from the "
+            "newest complete checkpoint in trainer.default_local_dir"
+        )
 
     def _actor_loaded(self) -> None:
         """Wait for the actor's ``init_model`` (started by ``_init_actor``); raises its error."""

@@ -10,6 +10,7 @@ import asyncio
 import pytest
 import torch
 from bagel_helpers import replay_diff
+from figures import figure
 
 from verl_omni.pipelines.sampling import SamplingSpec
 
@@ -80,7 +81,8 @@ def test_thinker_dit_rollout_replays_with_the_training_module(loop, thinker_dit_
         true_cfg_scale=SAMPLING["true_cfg_scale"],
     )
     diff = replay_diff(tiny_bagel_bf16_path, outs, spec)
-    print(f"BAGEL thinker + DiT rollout vs training-module replay: max |log-prob diff| {diff:.3e}")
+    # BAGEL thinker + DiT rollout vs the training module's replay
+    figure("logprob_diff_rollout_vs_replay", diff)
     assert diff <= REPLAY_BOUND
 
 

@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+from figures import figure
 from lora_helpers import attention_lora
 from test_rollout_engine_gpu import (
     BUCKET_BYTES,
@@ -122,7 +123,10 @@ def test_full_weights_over_nccl_change_the_image_and_the_base_restores_it(
     moved_diff = (_image(loop, engine, ids, "nccl-moved").int() - base.int()).abs().max().item()
     _broadcast_sync(loop, engine, sender, weights, version=2)
     back_diff = (_image(loop, engine, ids, "nccl-back").int() - base.int()).abs().max().item()
-    print(f"full weights over NCCL: {buckets} buckets; max |pixel diff| perturbed {moved_diff}, restored {back_diff}")
+    # full weights over NCCL: max |pixel diff| against the base image, perturbed and restored
+    figure("buckets", buckets)
+    figure("pixel_diff_perturbed", moved_diff)
+    figure("pixel_diff_restored", back_diff)
     assert moved_diff > 8 and back_diff <= ZERO_LORA_PIXEL_BOUND
 
     name = next(iter(weights))
@@ -148,6 +152,8 @@ def test_lora_over_nccl_gives_the_host_syncs_image(loop, engine, sender, ids):
     nccl_image = _image(loop, engine, ids, "nccl-lora-broadcast")
     lora_diff = (host_image.int() - base.int()).abs().max().item()
     nccl_diff = (nccl_image.int() - host_image.int()).abs().max().item()
-    print(f"LoRA over NCCL vs host sync: max |pixel diff| {nccl_diff} (the LoRA itself moves it by {lora_diff})")
+    # LoRA over NCCL vs the host sync, beside how far the LoRA itself moves the image
+    figure("pixel_diff_nccl_vs_host", nccl_diff)
+    figure("pixel_diff_lora", lora_diff)
     assert lora_diff > 8 and nccl_diff <= ZERO_LORA_PIXEL_BOUND
     loop.run(engine.clear_lora())

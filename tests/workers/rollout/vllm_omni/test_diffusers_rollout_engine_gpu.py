@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers_helpers import replay_log_probs, source_images, start_engine, tokenized_prompt
+from figures import figure
 
 H = W = 64
 STEPS = 6
@@ -119,5 +120,6 @@ def test_bf16_actor_replay_matches_the_rollout(model_name, adapter, tiny_path, o
     rollout = torch.stack([o.rollout_log_probs for o in outputs]).float()
     assert replayed.shape == rollout.shape == (SAMPLES, WINDOW)
     diff = float((replayed - rollout).abs().max())
-    print(f"{model_name}: bf16 rollout vs bf16 actor replay on CUDA, max |log-prob diff| = {diff:.3e}")
+    # bf16 rollout vs bf16 actor replay on CUDA
+    figure("logprob_diff_rollout_vs_replay", diff)
     assert diff <= REPLAY_BOUND_BF16

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from figures import figure
 from lora_helpers import attention_lora
 
 pytestmark = pytest.mark.gpu
@@ -109,7 +110,10 @@ def test_full_weights_through_cuda_ipc_change_the_image_and_the_base_restores_it
     moved_diff = (_image(loop, bf16_engine, ids, "ipc-moved").int() - base.int()).abs().max().item()
     _shared_sync(loop, bf16_engine, weights, version=2)
     back_diff = (_image(loop, bf16_engine, ids, "ipc-back").int() - base.int()).abs().max().item()
-    print(f"full weights by CUDA IPC: {buckets} buckets; max |pixel diff| perturbed {moved_diff}, restored {back_diff}")
+    # full weights by CUDA IPC: max |pixel diff| against the base image, perturbed and restored
+    figure("buckets", buckets)
+    figure("pixel_diff_perturbed", moved_diff)
+    figure("pixel_diff_restored", back_diff)
     assert moved_diff > 8 and back_diff <= ZERO_LORA_PIXEL_BOUND
 
     # a sender that refills its buffer before the rollout reads it: the checksum on arrival refuses the bucket
@@ -140,7 +144,9 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     loop.run(bf16_engine.load_lora_tensors(*attention_lora(0.0)))
     zero = one("lora-zero")
     zero_diff = (zero.int() - base.int()).abs().max().item()
-    print(f"max |pixel diff| vs no LoRA: LoRA {lora_diff}, zero LoRA {zero_diff}")
+    # max |pixel diff| against no LoRA
+    figure("pixel_diff_lora", lora_diff)
+    figure("pixel_diff_zero_lora", zero_diff)
     # A LoRA recompiles the transformer (torch.compile) and inductor's autotuning may pick other bf16 GEMM kernels
     # for the new graph: their rounding moved a pixel by 2 levels on an H100 (2026-11-24; 0 on another call). A
     # zero LoRA restores the base within that rounding; a LoRA still bound would move it like the LoRA does.
@@ -164,5 +170,7 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     del scratch
     ipc_diff = (ipc_image.int() - host_image.int()).abs().max().item()
     free_diff = (after_free.int() - ipc_image.int()).abs().max().item()
-    print(f"LoRA by CUDA IPC vs host sync: max |pixel diff| {ipc_diff}; after the sender freed its buffer {free_diff}")
+    # LoRA by CUDA IPC vs the host sync; and once the sender freed its buffer
+    figure("pixel_diff_ipc_vs_host", ipc_diff)
+    figure("pixel_diff_after_free", free_diff)
     assert ipc_diff <= ZERO_LORA_PIXEL_BOUND and free_diff == 0
