@@ -275,6 +275,7 @@ def test_final_pixels_hook_is_installed_once_on_its_versions_only(caplog):
     assert "final_pixels_postprocess" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message
 
 
+@pytest.mark.slow
 def test_the_general_plugin_installs_the_final_pixels_hook_off_the_cpu_platform_too(fresh_python):
     code = (
         "import os\n"

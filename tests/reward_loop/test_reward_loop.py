@@ -11,6 +11,8 @@ from reward_loop_helpers import make_config, make_data, make_images
 from verl_omni.reward_loop import DiffusionRewardLoopManager
 from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
 
+pytestmark = pytest.mark.slow
+
 
 def scorers(refusing_url):
     ocr = {"url": refusing_url, "model": "vlm", "max_retries": 1, "backoff_s": 0.01, "max_backoff_s": 0.01}
