@@ -284,6 +284,8 @@ def test_the_doc_has_one_row_per_launcher_and_algorithm():
     assert len(MODEL_LAUNCHERS) >= 5 and "diffusion_nft" in ALGORITHM_NAMES
 
 
+# every launcher x algorithm, one launcher process each: the quick tier keeps one launch per launcher (above)
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 @pytest.mark.parametrize("launcher", MODEL_LAUNCHERS)
 def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algorithm, tiny_model, data_dirs, tmp_path):

@@ -176,6 +176,7 @@ def test_rollout_engine_bounds_the_start_by_its_setting_and_refuses_a_second_nam
         OmniRolloutEngine(str(tiny_qwen_image_path), init_timeout=5)
 
 
+@pytest.mark.slow
 def test_the_general_plugin_installs_the_final_pixels_hook_off_the_cpu_platform_too(fresh_python):
     code = (
         "import os\n"

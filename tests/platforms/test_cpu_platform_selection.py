@@ -42,6 +42,7 @@ def test_auto_mode_follows_accelerator_detection(monkeypatch):
     assert platforms.omni_platform_plugin() == platforms.OMNI_CPU_PLATFORM
 
 
+@pytest.mark.slow
 def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks(fresh_python):
     code = (
         "import os\n"
@@ -59,6 +60,7 @@ def test_a_fresh_process_resolves_our_platforms_and_their_host_hooks(fresh_pytho
     assert "VerlOmniCpuPlatform VerlOmniCpuOmniPlatform" in stdout
 
 
+@pytest.mark.slow
 def test_a_cpu_process_importing_vllm_starts_no_humming_builds(fresh_python):
     # vLLM's quantization utilities import humming, whose import starts its builds as subprocesses (recorded
     # here as they start: they end within seconds); on the CPU platform those builds stay off

@@ -1,6 +1,9 @@
 """verl resolves our CPU platform on a machine without CUDA, through the plugin entry point alone."""
 
+import pytest
 
+
+@pytest.mark.slow
 def test_importing_verl_selects_the_cpu_platform_with_working_helpers(fresh_python):
     # a fresh interpreter that imports only verl, as a Ray worker would
     code = (

@@ -2,7 +2,6 @@
 
 import asyncio
 import math
-import time
 
 import pytest
 import ray
@@ -10,6 +9,8 @@ from reward_loop_helpers import make_config, make_data, make_images
 
 from verl_omni.reward_loop import DiffusionRewardLoopManager
 from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
+
+pytestmark = pytest.mark.slow
 
 
 def scorers(refusing_url):
@@ -78,31 +79,39 @@ def test_video_samples_are_scored_per_frame_on_both_paths(manager):
     assert single["reward_score"] == pytest.approx(expected[1], abs=1e-6)
 
 
+# how long the last sample's stand-in generation waits for the first sample's score before the test fails
+FIRST_SCORE_WAIT_S = 300
+
+
 def test_per_sample_scoring_overlaps_a_slow_rollout(manager):
-    """Overlap shown with timestamps, on a slow stand-in generator (not the real engine): sample i
-    "finishes generating" at (i + 1) × 1.0 s and is sent to a reward worker at once; the first
-    sample's score must come back before the last sample has finished generating."""
+    """Overlap shown by explicit ordering, on a stand-in generator (not the real engine): samples 0-2 finish
+    generating at once and are sent to a reward worker each on its own, and the last sample finishes generating only
+    once the first sample's score is back. A worker that held the scores until the batch was complete would never
+    answer the first sample: the wait fails instead of the rollout finishing."""
     worker = manager.reward_loop_worker_handles[0]
     images = make_images(4)
     samples = [make_data(images[i : i + 1], [f'sign "{i}"']) for i in range(4)]
-    asyncio.run(_await(worker.compute_score.remote(samples[0])))  # warm-up: the actor is up and imported
-    generated, scored, results = {}, {}, {}
-
-    async def rollout_and_score(i):
-        await asyncio.sleep(1.0 * (i + 1))  # the stand-in for denoising sample i
-        generated[i] = time.monotonic()
-        results[i] = await worker.compute_score.remote(samples[i])
-        scored[i] = time.monotonic()
+    events, results = [], {}
 
     async def run_all():
+        first_scored = asyncio.Event()
+
+        async def rollout_and_score(i):
+            if i == 3:  # the stand-in for denoising the last sample: still running until sample 0 is scored
+                try:
+                    await asyncio.wait_for(first_scored.wait(), FIRST_SCORE_WAIT_S)
+                except TimeoutError:
+                    pytest.fail(f"sample 0 was not scored within {FIRST_SCORE_WAIT_S} s while sample 3 generated")
+            events.append(("generated", i))
+            results[i] = await worker.compute_score.remote(samples[i])
+            events.append(("scored", i))
+            if i == 0:
+                first_scored.set()
+
         await asyncio.gather(*(rollout_and_score(i) for i in range(4)))
 
     asyncio.run(run_all())
-    assert scored[0] < generated[3], (scored, generated)
+    assert events.index(("scored", 0)) < events.index(("generated", 3)), events
     assert [results[i]["reward_score"] for i in range(4)] == pytest.approx(expected_rewards(images), abs=1e-6)
     assert all(isinstance(results[i]["reward_score"], float) for i in range(4))
     assert math.isnan(results[0]["reward_extra_info"]["reward/ocr"])
-
-
-async def _await(ref):
-    return await ref

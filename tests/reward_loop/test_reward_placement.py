@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from reward_loop_helpers import make_config
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 BRIGHTNESS = [{"type": "brightness"}]
 COLOCATE = 4

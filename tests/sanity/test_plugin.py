@@ -5,12 +5,15 @@ verl logs plugin import failures at DEBUG only, so a broken plugin would otherwi
 
 import importlib.metadata
 
+import pytest
+
 
 def test_verl_plugin_entry_point_is_installed():
     eps = importlib.metadata.entry_points(group="verl.plugins")
     assert "verl_omni.plugin" in {ep.value for ep in eps}
 
 
+@pytest.mark.slow
 def test_importing_verl_alone_registers_everything(fresh_python):
     # a fresh interpreter that imports only verl, as a Ray worker would
     code = (

@@ -192,6 +192,7 @@ def test_drop_zero_std_groups_from_the_command_line_reaches_the_trainer_and_the_
 ASYNC = ("trainer.trainer_mode=separate_async", "actor_rollout_ref.actor.use_rollout_log_probs=true")
 
 
+@pytest.mark.slow
 def test_separate_async_mode_builds_its_trainer_and_refuses_a_bad_staleness_from_the_command_line(
     compose, tiny_qwen_image_path, prompt_files, tmp_path
 ):

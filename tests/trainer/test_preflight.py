@@ -332,6 +332,7 @@ def test_entry_point_fails_without_importing_verl_torch_or_ray(
     assert result["imported"] == [], f"the preflight imported {result['imported']}"
 
 
+@pytest.mark.slow
 def test_validation_imports_no_engine(tiny_qwen_image_path, prompts, tmp_path, fresh_python):
     """The dataclass validation after the preflight imports verl (and with it Ray's module) but no vLLM stack."""
     code = f"""
@@ -442,6 +443,7 @@ ENTRY_POINT_REFUSALS = [
 ] + [(model, overrides, f"actor_rollout_ref.rollout.{match}") for model, overrides, match in REFUSED_SAMPLERS[:1]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "overrides", "match"), ENTRY_POINT_REFUSALS, ids=lambda v: str(v))
 def test_entry_point_refuses_an_unserved_pairing_before_any_engine_or_ray(
     tiny_model, prompts, tmp_path, model, overrides, match

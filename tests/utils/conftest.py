@@ -23,10 +23,11 @@ class ScoringServer:
     Attributes set by tests: ``reply_text`` (chat answer), ``chat_reply`` (callable on the JSON
     body giving the chat answer text, instead of ``reply_text``), ``answer`` (a JSON answer sent
     as it is, for malformed ones), ``status`` (HTTP status to answer),
-    ``delay_s`` (sleep before answering), ``barrier`` (requests wait until that many are in flight),
+    ``hold`` (an event: requests wait until it is set, so the server never answers in time while unset;
+    closing the server sets it), ``barrier`` (requests wait until that many are in flight),
     ``scores_from_payload`` (callable building the ``/score`` answer), ``fail_when`` (callable on the
     JSON body: answer 503 when true). Recorded: ``requests``
-    (JSON bodies received), ``max_inflight``.
+    (JSON bodies received; :meth:`wait_for_requests` waits for a count), ``max_inflight``.
     """
 
     def __init__(self):
@@ -34,7 +35,7 @@ class ScoringServer:
         self.chat_reply = None
         self.answer = None
         self.status = 200
-        self.delay_s = 0.0
+        self.hold: threading.Event | None = None
         self.barrier: threading.Barrier | None = None
         self.scores_from_payload = None
         self.fail_when = None
@@ -42,6 +43,7 @@ class ScoringServer:
         self.inflight = 0
         self.max_inflight = 0
         self._lock = threading.Lock()
+        self._received = threading.Condition(self._lock)
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_cls())
         self._httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
@@ -51,13 +53,14 @@ class ScoringServer:
     def _answer(self, path: str, body: dict) -> tuple[int, dict]:
         with self._lock:
             self.requests.append(body)
+            self._received.notify_all()
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
         try:
             if self.barrier is not None:
                 self.barrier.wait(timeout=30)
-            if self.delay_s:
-                threading.Event().wait(self.delay_s)
+            if self.hold is not None:
+                self.hold.wait()
         except threading.BrokenBarrierError:
             return 500, {"error": "barrier broken: requests were not concurrent"}
         finally:
@@ -82,18 +85,31 @@ class ScoringServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status, answer = server._answer(self.path, body)
                 data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up waiting (a held request): nobody is left to answer
 
             def log_message(self, format, *args):
                 pass
 
         return Handler
 
+    def wait_for_requests(self, count: int, timeout: float = 60) -> list[dict]:
+        """The requests received once there are ``count`` of them (a client's give-up can precede the server's
+        read of its last request); fails after ``timeout`` seconds."""
+        with self._received:
+            if not self._received.wait_for(lambda: len(self.requests) >= count, timeout):
+                raise AssertionError(f"the server received {len(self.requests)} requests, expected {count}")
+            return list(self.requests)
+
     def close(self):
+        if self.hold is not None:
+            self.hold.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 

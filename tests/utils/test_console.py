@@ -2,6 +2,7 @@
 brings it back (the imports of the trainer, verl's engines and vLLM's CPU platform, as a run does)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -59,8 +60,10 @@ def test_a_fresh_interpreter_prints_none_of_the_filtered_warnings(quiet_console)
 
 
 def test_show_warnings_restores_the_filtered_warnings(loud_console):
-    # five optional verl engines, each warned about once
-    assert loud_console.count(VERL_ENGINES) == 5, loud_console
+    # each optional verl engine this install lacks, warned about once (how many verl probes is verl's business)
+    engines = re.findall(rf"(\w+) {VERL_ENGINES}", loud_console)
+    assert engines, loud_console
+    assert len(engines) == len(set(engines)), engines
     assert VLLM_PLUGIN_LIST in loud_console
     assert VLLM_KERNELS not in loud_console
 

@@ -126,6 +126,7 @@ def _run(env, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env):
     env, root = oot_env
     code = textwrap.dedent(
@@ -187,6 +188,7 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
     assert out["BrokenPipeline"].startswith("ImportError") and "oot_example.missing:Adapter" in out["BrokenPipeline"]
 
 
+@pytest.mark.slow
 def test_tiny_model_cli_lists_and_builds_an_entry_point_builder(oot_env):
     env, root = oot_env
     listing = _run(env, "-m", "verl_omni.utils.tiny_models", "--help")

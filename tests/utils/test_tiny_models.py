@@ -86,6 +86,7 @@ def test_each_model_package_holds_its_tiny_builder():
     assert builtins["clip"] == "verl_omni.utils.tiny_models.clip"
 
 
+@pytest.mark.slow
 def test_cli_builds_a_model_from_its_package(tmp_path):
     """``python -m verl_omni.utils.tiny_models sd3 --out DIR`` in a new interpreter writes what diffusers reads."""
     import subprocess

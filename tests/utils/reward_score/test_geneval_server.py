@@ -23,6 +23,8 @@ from verl_omni.utils.reward_score.http_client import image_to_png_base64
 from verl_omni.utils.tiny_models import build_tiny_model
 from verl_omni.utils.tiny_models.detr import TINY_DETR_CLASSES
 
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 SERVER = REPO_ROOT / "examples" / "reward_servers" / "geneval_server.py"
 

@@ -131,9 +131,9 @@ def test_ocr_keeps_at_most_max_concurrency_requests_in_flight(scoring_server):
 
 
 def test_ocr_timeout_is_retried_then_raised(scoring_server):
-    scoring_server.delay_s = 3.0
+    scoring_server.hold = threading.Event()  # never answers while the test runs
     batch = ScoreBatch(images(1), ['"x"'])
     with pytest.raises(ScorerError, match="after 2 attempts") as info:
         asyncio.run(make_ocr(scoring_server.url, timeout_s=0.2, max_retries=1).score(batch))
     assert isinstance(info.value.__cause__, TimeoutError)
-    assert len(scoring_server.requests) == 2
+    assert len(scoring_server.wait_for_requests(2)) == 2

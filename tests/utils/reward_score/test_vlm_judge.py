@@ -153,11 +153,11 @@ def test_server_errors_are_retried_with_backoff_then_succeed(scoring_server):
 
 
 def test_timeout_is_retried_then_raised(scoring_server):
-    scoring_server.delay_s = 3.0
+    scoring_server.hold = threading.Event()  # never answers while the test runs
     with pytest.raises(ScorerError, match="after 2 attempts") as info:
         asyncio.run(make_judge(scoring_server.url, timeout_s=0.2).score(ScoreBatch(flat(0)[None], ["p"])))
     assert isinstance(info.value.__cause__, TimeoutError)
-    assert len(scoring_server.requests) == 2
+    assert len(scoring_server.wait_for_requests(2)) == 2
 
 
 def test_samples_are_judged_concurrently_up_to_max_concurrency(scoring_server):

@@ -127,17 +127,26 @@ def test_a_request_past_the_generation_bound_is_aborted_and_named(loop, engine, 
 
 def test_concurrent_requests_share_transformer_batches(loop, engine, prompts):
     before = len(loop.run(engine.request_batch_sizes()))
-
-    async def one(i: int):
-        # staggered by 10 ms, as group requests from an agent-loop worker arrive; an engine that started
-        # with the first request would run [1, 3]
-        await asyncio.sleep(0.01 * i)
-        return await engine.engine_call(
-            prompts["cat"], {**SAMPLING, "seed": 100 + i}, f"burst-{i}", 1, prompts["negative"]
-        )
+    omni = engine.engine  # vLLM-Omni's AsyncOmni: while paused, its generate() holds each request at the door
 
     async def burst():
-        return await asyncio.gather(*[one(i) for i in range(4)])
+        # the four group requests of an agent-loop worker, all submitted before any reaches the engine, then let
+        # through together: ordered by the pause, not by the clock
+        await omni.pause_generation(clear_cache=False)
+        try:
+            calls = [
+                asyncio.ensure_future(
+                    engine.engine_call(
+                        prompts["cat"], {**SAMPLING, "seed": 100 + i}, f"burst-{i}", 1, prompts["negative"]
+                    )
+                )
+                for i in range(4)
+            ]
+            await asyncio.sleep(0)  # one turn of the loop: each call runs up to the paused door
+            assert not any(call.done() for call in calls), [call.result() for call in calls if call.done()]
+        finally:
+            await omni.resume_generation()
+        return await asyncio.gather(*calls)
 
     results = loop.run(burst())
     assert len(results) == 4
