@@ -88,11 +88,15 @@ def with_algorithm_node(defaults: DictConfig, config: DictConfig) -> DictConfig:
 
 def check_keys_and_types(config: DictConfig, defaults: DictConfig) -> None:
     """Refuse keys the default tree lacks, values of the wrong scalar type, and NaN, naming the key."""
+    default_values = OmegaConf.to_container(defaults, resolve=False)
     try:
         values = OmegaConf.to_container(config, resolve=True)
     except Exception as e:  # an interpolation names a missing key: OmegaConf's message says which
+        # a node replaced by a value (``trainer=3``) breaks every interpolation that reads through it: name the
+        # replaced node rather than the interpolation that tripped over it
+        _check_node(OmegaConf.to_container(config, resolve=False), default_values, "")
         raise ValueError(f"the config does not resolve: {e}") from e
-    _check_node(values, OmegaConf.to_container(defaults, resolve=False), "")
+    _check_node(values, default_values, "")
 
 
 def _check_node(values: Any, defaults: Any, prefix: str) -> None:
