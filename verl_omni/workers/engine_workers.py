@@ -37,11 +37,11 @@ from verl_omni.algorithms import AlgorithmConfig
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
+from verl_omni.workers.config.rollout import COLLECTIVE, IPC
 from verl_omni.workers.engine.fsdp import policy_versions
 from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
 from verl_omni.workers.rollout import collective_share, device_share
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
-from verl_omni.workers.rollout.weight_sync import COLLECTIVE, IPC
 from verl_omni.workers.utils.losses import run_algorithm
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ replicas with their load balancer and agent-loop workers, and the reward loop wo
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import time
@@ -41,7 +40,7 @@ from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_gr
 from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
-from verl_omni.workers.config.rollout import weight_transport_for
+from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
@@ -95,8 +94,6 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.global_steps = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
-        # members of the collective weight transport's group, once made (0: not yet)
-        self._weight_group_size = 0
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -107,6 +104,15 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._init_tokenizer()
         self._init_dataloader()
         self._start_workers()
+        # built once: every sync of the run goes through it (the transport and payload the config names)
+        self.weight_sync = RolloutWeightSync.from_configs(
+            self.actor_rollout_wg,
+            self.llm_server_manager.server_handles,
+            self.configs.rollout,
+            self.configs.model.lora,
+            self.colocate,
+            self.device,
+        )
         self._load_checkpoint()
         _restore_info_logging()
 
@@ -286,59 +292,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         return batch
 
     def _sync_weights(self, metrics: dict) -> None:
-        """Push the actor's weights to every replica in memory, checked there (or this raises): the LoRA tensors,
-        each replica binding them (``model.lora.merge``: merged into the weights, in buckets); with full
-        fine-tuning the transformer in checksummed buckets. The transport is the one :attr:`weight_transport` names
-        (``weight_sync``)."""
-        from verl_omni.workers.rollout import weight_sync
-
-        start = time.perf_counter()
-        if self.colocate:
-            self._call_servers("wake_up")
-        metrics["sync/wake_seconds"] = time.perf_counter() - start
-        if self.configs.model.lora.rank == 0 or self.configs.model.lora.merge:
-            metrics.update(self._push_full_weights())
-        else:
-            self._connect_weight_group()
-            servers = self.llm_server_manager.server_handles
-            metrics.update(asyncio.run(weight_sync.push_lora(self.actor_rollout_wg, servers, self.weight_transport)))
-        if self._weight_group_size:
-            # the collective transport's group: actor rank 0 and every rollout worker it broadcast to
-            metrics["sync/weight_group_members"] = float(self._weight_group_size)
-
-    @property
-    def weight_transport(self) -> str:
-        """``host``, ``ipc`` or ``collective``: ``rollout.weight_transport``, ``auto`` resolved by placement
-        (``weight_transport_for``)."""
-        return weight_transport_for(self.configs.rollout.weight_transport, self.colocate, self.device)
-
-    def _connect_weight_group(self) -> None:
-        """The collective transport's process group, made at the first sync and kept for the run."""
-        from verl_omni.workers.rollout import weight_sync
-
-        if self.weight_transport == weight_sync.COLLECTIVE and not self._weight_group_size:
-            servers = self.llm_server_manager.server_handles
-            self._weight_group_size = asyncio.run(weight_sync.connect_weight_group(self.actor_rollout_wg, servers))
-
-    def _push_full_weights(self, ema: bool = False) -> dict[str, float]:
-        """The actor's transformer (``ema``: the EMA of its weights; a LoRA with ``model.lora.merge``: the merged
-        weights of the linears it adapts) to every replica in checked buckets."""
-        from verl_omni.workers.rollout import weight_sync
-
-        self._connect_weight_group()
-        bucket_bytes = self.configs.rollout.checkpoint_engine.update_weights_bucket_megabytes << 20
-        servers = self.llm_server_manager.server_handles
-        return asyncio.run(
-            weight_sync.push_full_weights(
-                self.actor_rollout_wg,
-                servers,
-                self.global_steps,
-                bucket_bytes,
-                ema,
-                self.weight_transport,
-                merged_lora=self.configs.model.lora.rank > 0,
-            )
-        )
+        """The actor's weights to every replica, checked there (or this raises): :attr:`weight_sync`."""
+        metrics.update(self.weight_sync.sync(self.global_steps))
 
     def _actor_input(self, batch: DataProto, extra: tuple[str, ...] = ()) -> DataProto:
         # a key the rollout did not record is reported by the actor's replay check, naming it
@@ -353,13 +308,10 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         With ``actor.ema_decay`` > 0 the EMA of the weights samples them: it goes to the rollout before and the live
         weights after (at step 0 the two are the same, nothing is pushed); training rollouts never see it.
         """
-        ema = self.configs.actor.ema_decay > 0 and self.global_steps > 0
-        if ema:
-            self._push_full_weights(ema=True)
-        metrics = self._validation_samples()
-        if ema:
-            self._push_full_weights()
-        return metrics
+        if not (self.configs.actor.ema_decay > 0 and self.global_steps > 0):
+            return self._validation_samples()
+        with self.weight_sync.ema_weights(self.global_steps):
+            return self._validation_samples()
 
     def _validation_samples(self) -> dict[str, float]:
         images, scores = [], []
@@ -429,6 +381,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         """Weights are synced in the step's ``sync`` phase."""
 
     def on_train_end(self):
+        self.weight_sync.close()
         self.tracker.finish()
         self.write_summary(interrupted=False)
 

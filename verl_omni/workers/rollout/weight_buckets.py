@@ -13,7 +13,7 @@ A full fine-tuning run sends the whole transformer after every update (LoRA runs
 A bucket lost or corrupted on the way therefore fails the sync with an error naming it, instead of
 leaving the rollout sampling from a mix of old and new weights while training looks healthy. The
 transport is not this module's: on CPU buckets travel through Ray's object store (shared memory on a
-node, ``weight_sync.push_full_weights``) and the engine's worker RPC; colocated on a GPU a bucket stays on
+node, ``weight_sync.BucketPayload``) and the engine's worker RPC; colocated on a GPU a bucket stays on
 the device and only its CUDA IPC handle travels (:mod:`~verl_omni.workers.rollout.device_share`); separate
 pools on GPUs broadcast it from actor rank 0 to every rollout worker over NCCL
 (:mod:`~verl_omni.workers.rollout.collective_share`; ``docs/guide/training.md``, "Full fine-tuning").

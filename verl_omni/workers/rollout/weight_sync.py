@@ -1,19 +1,24 @@
 """Pushing the trained weights to every rollout replica, in memory, and checking each one took them.
 
-LoRA: the actor exports ``(tensors, peft_config)`` (``DiffusionActorWorker.get_lora_params``); every
-replica's server loads them as a new in-memory adapter and its probe returns how many modules the
-adapter binds. A replica whose adapter binds nothing would keep sampling from the old policy while
-every training metric looks healthy, so any failure fails the sync, naming the replica.
+:class:`RolloutWeightSync` is the whole of it for a run: built once from the run's transport and payload, the
+trainer calls :meth:`~RolloutWeightSync.sync` after every update (and once on resume) and
+:meth:`~RolloutWeightSync.ema_weights` around a validation that samples the EMA of the weights.
 
-A LoRA merged for the rollout (``model.lora.merge``): the adapted linears' ``W + scaling · B @ A`` travel as
-full fine-tuning's buckets do, and the rollout serves no adapter (``workers/engine/fsdp/lora_merge.py``).
+What travels (the payload, :func:`payload_for`):
 
-Full fine-tuning: the transformer travels in size-bounded, checksummed buckets
-(:mod:`~verl_omni.workers.rollout.weight_buckets`). The actor ranks gather one bucket at a time, at most two
-in flight (the next is gathered while the servers load one); each server checks and loads it in its workers,
-and closing the sync checks that no bucket was lost and every transformer parameter was written.
+* ``lora``: the actor exports ``(tensors, peft_config)`` (``DiffusionActorWorker.get_lora_params``); every
+  replica's server loads them as a new in-memory adapter and its probe returns how many modules the adapter
+  binds. A replica whose adapter binds nothing would keep sampling from the old policy while every training
+  metric looks healthy, so any failure fails the sync, naming the replica.
+* ``full``: the transformer in size-bounded, checksummed buckets (:mod:`~verl_omni.workers.rollout.weight_buckets`).
+  The actor ranks gather one bucket at a time, at most two in flight (the next is gathered while the servers load
+  one); each server checks and loads it in its workers, and closing the sync checks that no bucket was lost and
+  every transformer parameter was written.
+* ``merged_lora`` (``model.lora.merge``): the adapted linears' ``W + scaling · B @ A`` travel as ``full``'s buckets
+  do, every name must set a rollout parameter, and the rollout serves no adapter
+  (``workers/engine/fsdp/lora_merge.py``).
 
-Three transports carry the LoRA or a bucket, chosen in one place (``rollout.weight_transport``,
+How it travels (the transport, ``rollout.weight_transport`` resolved by
 :func:`~verl_omni.workers.config.rollout.weight_transport_for`), under the same checks:
 
 * ``host`` (CPU): rank 0's bucket goes from its Ray object store entry straight to every server (shared memory
@@ -25,6 +30,10 @@ Three transports carry the LoRA or a bucket, chosen in one place (``rollout.weig
   :mod:`~verl_omni.workers.rollout.collective_share`); only its layout and checksum travel through Ray. The
   sender's call and the servers' calls are in flight together: a broadcast completes only once all have joined.
   On the CPU the same path runs over gloo (the tests).
+
+verl's checkpoint engines (``verl.checkpoint_engine``) stream ``(name, tensor)`` pairs into verl's own rollout
+replicas; a sync here moves a LoRA adapter as one unit or versioned, checksummed buckets into vLLM-Omni servers
+that check them, so the two variations live here, each a small class in a table keyed by its config value.
 """
 
 from __future__ import annotations
@@ -32,16 +41,263 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
 
-from verl_omni.workers.config.rollout import COLLECTIVE, HOST, IPC
+from verl_omni.workers.config.rollout import COLLECTIVE, HOST, IPC, weight_transport_for
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
 
+if TYPE_CHECKING:
+    from verl_omni.workers.config.model import DiffusionLoraConfig
+    from verl_omni.workers.config.rollout import DiffusionRolloutConfig
+
 logger = logging.getLogger(__name__)
+
+LORA, MERGED_LORA, FULL = "lora", "merged_lora", "full"
+PAYLOADS = (LORA, MERGED_LORA, FULL)
+
+
+def payload_for(lora: DiffusionLoraConfig) -> str:
+    """What a sync sends for ``model.lora``: the adapter, its merge into the linears it adapts, or the transformer."""
+    if lora.rank == 0:
+        return FULL
+    return MERGED_LORA if lora.merge else LORA
+
+
+# ---- transports: how the LoRA or a bucket leaves the actor ranks ------------------------------
+
+
+class HostTransport:
+    """Through Ray's object store: rank 0's tensors, nothing held on a device."""
+
+    # the form ``DiffusionActorWorker.get_weight_bucket`` packs a bucket in
+    name = HOST
+
+    async def connect(self, actor_wg: Any, servers: Sequence[Any]) -> int:
+        """Members of the transport's process group, made once per run (none here)."""
+        return 0
+
+    def export_lora(self, actor_wg: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        """``(peft_config, how the servers load it)``: the keyword of ``push_lora_to_replicas`` that carries it."""
+        tensors, peft_config = actor_wg.get_lora_params()[0]
+        return peft_config, {"tensors": tensors}
+
+    def gather_bucket(self, actor_wg: Any, plan: list[list[str]], version: int, index: int, ema: bool) -> Any:
+        """Bucket ``index`` as the servers take it (rank 0's object reference: the bucket skips the trainer)."""
+        return actor_wg.get_weight_bucket(plan, version, index, ema, self.name)[0]
+
+    def start_send(self, actor_wg: Any) -> Sequence[Any]:
+        """The actor's calls that must run beside the servers' receiving ones (a broadcast's sender)."""
+        return ()
+
+    def release(self, actor_wg: Any) -> None:
+        """Drop what the actor ranks kept for the servers to read."""
+
+
+class DeviceShareTransport(HostTransport):
+    """Colocated on CUDA: every rank's tensors stay on its GPU; the servers open CUDA IPC handles."""
+
+    name = IPC
+
+    def export_lora(self, actor_wg: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        per_rank = actor_wg.share_lora_params()
+        return per_rank[0][1], {"shared": [handle for handle, _ in per_rank]}
+
+    def gather_bucket(self, actor_wg: Any, plan: list[list[str]], version: int, index: int, ema: bool) -> Any:
+        # every rank's handle: each rollout worker opens the one on its GPU
+        return WeightBucket.merged(ray.get(list(actor_wg.get_weight_bucket(plan, version, index, ema, self.name))))
+
+    def release(self, actor_wg: Any) -> None:
+        actor_wg.release_shared()
+
+
+class CollectiveTransport(HostTransport):
+    """Separate pools: actor rank 0 broadcasts a staged buffer to every rollout worker; its layout goes by Ray."""
+
+    name = COLLECTIVE
+
+    async def connect(self, actor_wg: Any, servers: Sequence[Any]) -> int:
+        return await connect_weight_group(actor_wg, servers)
+
+    def export_lora(self, actor_wg: Any) -> tuple[Mapping[str, Any], dict[str, Any]]:
+        layout, peft_config = actor_wg.stage_lora_params()[0]
+        return peft_config, {"broadcast": layout}
+
+    def start_send(self, actor_wg: Any) -> Sequence[Any]:
+        return actor_wg.send_staged()
+
+    def release(self, actor_wg: Any) -> None:
+        actor_wg.release_shared()
+
+
+TRANSPORTS: dict[str, type[HostTransport]] = {
+    cls.name: cls for cls in (HostTransport, DeviceShareTransport, CollectiveTransport)
+}
+
+
+# ---- payloads: what one sync sends --------------------------------------------------------------
+
+
+class AdapterPayload:
+    """The LoRA as an adapter every server loads and binds."""
+
+    async def push(self, actor_wg, servers, transport: HostTransport, version: int, ema: bool) -> dict[str, float]:
+        """Returns the ``sync/*`` metrics: export and push seconds, the least modules bound."""
+        if ema:
+            raise ValueError("the EMA of the weights is full fine-tuning's: actor_rollout_ref.model.lora.rank=0")
+        start = time.perf_counter()
+        peft_config, carried = transport.export_lora(actor_wg)
+        export = time.perf_counter() - start
+        sender = transport.start_send(actor_wg)
+        try:
+            bound = await push_lora_to_replicas(servers, peft_config, sender=sender, **carried)
+        finally:
+            transport.release(actor_wg)
+        return {
+            "sync/export_seconds": export,
+            "sync/push_seconds": time.perf_counter() - start - export,
+            "sync/lora_modules_bound_min": min(bound),
+        }
+
+
+class BucketPayload:
+    """Transformer weights in checked buckets: all of them (``full``), or the merged LoRA's linears only."""
+
+    def __init__(self, bucket_bytes: int, merged_lora: bool):
+        self.bucket_bytes = bucket_bytes
+        self.merged_lora = merged_lora
+
+    async def push(self, actor_wg, servers, transport: HostTransport, version: int, ema: bool) -> dict[str, float]:
+        """One checked sync numbered ``version``; ``ema``: the EMA of the weights (``actor.ema_decay``), the same
+        names and checks. Returns the ``sync/full_weight_*`` metrics (``sync/merged_lora_*`` for a merged LoRA):
+        buckets, megabytes, transformer parameters written per server (the least), seconds. Raises
+        ``WeightSyncError`` (a bucket corrupted, lost or unloaded) naming the server."""
+        if not servers:
+            raise ValueError("a full-weight sync got no rollout servers: launch the replicas first")
+        start = time.perf_counter()
+        plan = actor_wg.weight_bucket_plan(self.bucket_bytes)[0]
+        await _on_all(servers, "begin_weight_sync", version, len(plan), not self.merged_lora)
+        try:
+            pending = transport.gather_bucket(actor_wg, plan, version, 0, ema)
+            for index in range(len(plan)):
+                bucket = pending
+                # collective: rank 0 broadcasts this bucket (its call queued before the next gather) while the
+                # servers receive it; then it gathers the next one while the servers load this one
+                sender = transport.start_send(actor_wg)
+                pending = (
+                    transport.gather_bucket(actor_wg, plan, version, index + 1, ema) if index + 1 < len(plan) else None
+                )
+                await _on_all(servers, "load_weight_bucket", bucket, sender=sender)
+            reports = await _on_all(servers, "finish_weight_sync", version)
+        finally:
+            transport.release(actor_wg)
+        seconds = time.perf_counter() - start
+        what = MERGED_LORA if self.merged_lora else "full_weight"
+        logger.info(
+            "%s synced to %d servers in %d buckets (%.1f s): %s", what, len(servers), len(plan), seconds, reports
+        )
+        return {
+            f"sync/{what}_buckets": float(len(plan)),
+            f"sync/{what}_megabytes": reports[0]["bytes"] / 2**20,
+            f"sync/{what}_params_written_min": float(min(report["params"] for report in reports)),
+            f"sync/{what}_seconds": seconds,
+        }
+
+
+# ---- the run's sync -----------------------------------------------------------------------------
+
+
+class RolloutWeightSync:
+    """The actor worker group's weights → every rollout server, by one transport, one payload, for the whole run.
+
+    It holds the run's event loop for the servers' calls and, with the collective transport, the weight group
+    (made at the first sync, kept for the run).
+    """
+
+    def __init__(
+        self,
+        actor_wg: Any,
+        servers: Sequence[Any],
+        transport: str,
+        payload: str,
+        bucket_bytes: int = 1 << 30,
+        colocated: bool = False,
+    ):
+        """``actor_wg``: the ``DiffusionActorWorker`` group; ``servers``: the ``vLLMOmniHttpServer`` handles;
+        ``transport``: ``host`` / ``ipc`` / ``collective``; ``payload``: ``lora`` / ``merged_lora`` / ``full``;
+        ``colocated``: the servers sleep between generations and wake to take the weights."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weight transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
+        if payload not in PAYLOADS:
+            raise ValueError(f"weight sync payload must be one of {PAYLOADS}, got {payload!r}")
+        self.actor_wg, self.servers, self.colocated = actor_wg, list(servers), colocated
+        self.transport = TRANSPORTS[transport]()
+        self.payload = (
+            AdapterPayload() if payload == LORA else BucketPayload(bucket_bytes, merged_lora=payload == MERGED_LORA)
+        )
+        # members of the collective transport's group, once made (0: none yet, or another transport)
+        self.group_size = 0
+        self._loop = asyncio.new_event_loop()
+
+    @classmethod
+    def from_configs(
+        cls,
+        actor_wg: Any,
+        servers: Sequence[Any],
+        rollout: DiffusionRolloutConfig,
+        lora: DiffusionLoraConfig,
+        colocated: bool,
+        device: str,
+    ) -> RolloutWeightSync:
+        """The run's sync: ``rollout.weight_transport`` resolved for the placement, the payload ``model.lora``
+        asks for, buckets of ``rollout.checkpoint_engine.update_weights_bucket_megabytes``."""
+        return cls(
+            actor_wg,
+            servers,
+            transport=weight_transport_for(rollout.weight_transport, colocated, device),
+            payload=payload_for(lora),
+            bucket_bytes=rollout.checkpoint_engine.update_weights_bucket_megabytes << 20,
+            colocated=colocated,
+        )
+
+    def sync(self, step: int) -> dict[str, float]:
+        """The weights after ``step`` updates to every server, checked there (or this raises); the ``sync/*``
+        metrics."""
+        start = time.perf_counter()
+        if self.colocated:
+            ray.get([server.wake_up.remote() for server in self.servers])
+        metrics = {"sync/wake_seconds": time.perf_counter() - start}
+        metrics.update(self._push(step))
+        if self.group_size:
+            # the collective transport's group: actor rank 0 and every rollout worker it broadcast to
+            metrics["sync/weight_group_members"] = float(self.group_size)
+        return metrics
+
+    @contextmanager
+    def ema_weights(self, step: int) -> Iterator[None]:
+        """The servers sample the EMA of the weights inside, the live weights again after (full fine-tuning)."""
+        self._push(step, ema=True)
+        yield
+        self._push(step)
+
+    def close(self) -> None:
+        """The end of the run: the event loop goes."""
+        self._loop.close()
+
+    def _push(self, step: int, ema: bool = False) -> dict[str, float]:
+        return self._loop.run_until_complete(self._connect_and_push(step, ema))
+
+    async def _connect_and_push(self, step: int, ema: bool) -> dict[str, float]:
+        if not self.group_size:
+            self.group_size = await self.transport.connect(self.actor_wg, self.servers)
+        return await self.payload.push(self.actor_wg, self.servers, self.transport, step, ema)
+
+
+# ---- the servers' calls -------------------------------------------------------------------------
 
 
 async def connect_weight_group(actor_wg: Any, servers: Sequence[Any]) -> int:
@@ -57,36 +313,6 @@ async def connect_weight_group(actor_wg: Any, servers: Sequence[Any]) -> int:
         "weight group of %d members (%s) joined: rollout workers per server %s", group.size, group.backend, counts
     )
     return group.size
-
-
-async def push_lora(actor_wg: Any, servers: Sequence[Any], transport: str) -> dict[str, float]:
-    """The actor's current LoRA to every server by ``transport``; returns the ``sync/*`` metrics (export and push
-    seconds, the least modules bound)."""
-    start = time.perf_counter()
-    if transport == IPC:
-        per_rank = actor_wg.share_lora_params()
-        export = time.perf_counter() - start
-        try:
-            bound = await push_lora_to_replicas(servers, per_rank[0][1], shared=[h for h, _ in per_rank])
-        finally:
-            actor_wg.release_shared()
-    elif transport == COLLECTIVE:
-        layout, peft_config = actor_wg.stage_lora_params()[0]
-        export = time.perf_counter() - start
-        sender = actor_wg.send_staged()
-        try:
-            bound = await push_lora_to_replicas(servers, peft_config, broadcast=layout, sender=sender)
-        finally:
-            actor_wg.release_shared()
-    else:
-        tensors, peft_config = actor_wg.get_lora_params()[0]
-        export = time.perf_counter() - start
-        bound = await push_lora_to_replicas(servers, peft_config, tensors)
-    return {
-        "sync/export_seconds": export,
-        "sync/push_seconds": time.perf_counter() - start - export,
-        "sync/lora_modules_bound_min": min(bound),
-    }
 
 
 async def push_lora_to_replicas(
@@ -122,60 +348,6 @@ async def push_lora_to_replicas(
     results = await _settled(servers, calls, "LoRA sync", sender)
     logger.info("LoRA synced to %d rollout servers; modules bound per server: %s", len(servers), results)
     return list(results)
-
-
-async def push_full_weights(
-    actor_wg: Any,
-    servers: Sequence[Any],
-    version: int,
-    bucket_bytes: int,
-    ema: bool = False,
-    transport: str = HOST,
-    merged_lora: bool = False,
-) -> dict[str, float]:
-    """One checked full-weight sync from the actor worker group (``DiffusionActorWorker``) to every server; ``ema``:
-    the EMA of the weights (``actor.ema_decay``) instead of the live ones, the same names and checks; ``transport``:
-    how each bucket travels (module docstring; ``collective`` needs :func:`connect_weight_group` done);
-    ``merged_lora``: a LoRA actor's merged weights of the linears it adapts (``model.lora.merge``), of which every
-    name must set a rollout parameter (the rest of the transformer is not sent).
-
-    Returns the ``sync/full_weight_*`` metrics (``sync/merged_lora_*`` for a merged LoRA): buckets, megabytes,
-    transformer parameters written per server (the least), seconds. Raises ``WeightSyncError`` (a bucket corrupted,
-    lost or unloaded) naming the server.
-    """
-    if not servers:
-        raise ValueError("push_full_weights got no rollout servers: launch the replicas first")
-    start = time.perf_counter()
-    plan = actor_wg.weight_bucket_plan(bucket_bytes)[0]
-    await _on_all(servers, "begin_weight_sync", version, len(plan), not merged_lora)
-
-    def gather(index: int):
-        refs = actor_wg.get_weight_bucket(plan, version, index, ema, transport)
-        # host or collective: rank 0's object reference goes to the servers as it is; ipc: every rank's handle
-        return WeightBucket.merged(ray.get(list(refs))) if transport == IPC else refs[0]
-
-    try:
-        pending = gather(0)
-        for index in range(len(plan)):
-            bucket = pending
-            # collective: rank 0 broadcasts this bucket (its call queued before the next gather) while the servers
-            # receive it; then it gathers the next one while the servers load this one
-            sender = actor_wg.send_staged() if transport == COLLECTIVE else ()
-            pending = gather(index + 1) if index + 1 < len(plan) else None
-            await _on_all(servers, "load_weight_bucket", bucket, sender=sender)
-        reports = await _on_all(servers, "finish_weight_sync", version)
-    finally:
-        if transport != HOST:
-            actor_wg.release_shared()
-    seconds = time.perf_counter() - start
-    what = "merged_lora" if merged_lora else "full_weight"
-    logger.info("%s synced to %d servers in %d buckets (%.1f s): %s", what, len(servers), len(plan), seconds, reports)
-    return {
-        f"sync/{what}_buckets": float(len(plan)),
-        f"sync/{what}_megabytes": reports[0]["bytes"] / 2**20,
-        f"sync/{what}_params_written_min": float(min(report["params"] for report in reports)),
-        f"sync/{what}_seconds": seconds,
-    }
 
 
 async def _on_all(servers: Sequence[Any], method: str, *args, sender: Sequence[Any] = ()) -> list[Any]:

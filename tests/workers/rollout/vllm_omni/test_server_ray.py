@@ -97,7 +97,7 @@ def test_lora_push_to_every_replica_changes_the_image_and_a_bad_one_names_the_se
 
 
 class OneRankGroup:
-    """The worker-group surface ``weight_sync`` calls, over ``RankZero`` (ONE_TO_ALL: one result per rank; the
+    """The worker-group surface ``RolloutWeightSync`` calls, over ``RankZero`` (ONE_TO_ALL: one result per rank; the
     non-blocking methods return object references)."""
 
     def __init__(self, rank):
@@ -124,8 +124,9 @@ class OneRankGroup:
 
 
 def test_collective_lora_sync_over_ray_joins_the_servers_workers_and_binds(server, prompt_ids):
-    """``weight_sync``'s collective transport between Ray actors (gloo on the CPU): the group joined by rank 0 and the
-    server's workers at once, then the LoRA broadcast while the server receives it; the image is the host sync's."""
+    """``RolloutWeightSync``'s collective transport between Ray actors (gloo on the CPU): the group joined by rank 0
+    and the server's workers at once at the first sync, then the LoRA broadcast while the server receives it; the
+    image is the host sync's."""
     import asyncio
 
     import ray
@@ -162,8 +163,10 @@ def test_collective_lora_sync_over_ray_joins_the_servers_workers_and_binds(serve
     host = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-lora-host"))
 
     group = OneRankGroup(ray.remote(RankZero).remote(tensors, config))
-    assert asyncio.run(weight_sync.connect_weight_group(group, [server])) == 2
-    metrics = asyncio.run(weight_sync.push_lora(group, [server], weight_sync.COLLECTIVE))
+    sync = weight_sync.RolloutWeightSync(group, [server], transport=weight_sync.COLLECTIVE, payload=weight_sync.LORA)
+    metrics = sync.sync(step=1)
+    sync.close()
+    assert metrics["sync/weight_group_members"] == 2
     assert metrics["sync/lora_modules_bound_min"] > 0
     broadcast = ray.get(server.generate.remote(prompt_ids, SAMPLING, "srv-lora-broadcast"))
     assert torch.equal(broadcast.diffusion_output, host.diffusion_output)

@@ -196,7 +196,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         await self.omni.join_weight_group(group, first_rank)
 
     async def begin_weight_sync(self, version: int, count: int, complete: bool = True) -> None:
-        """Open weight sync ``version`` of ``count`` buckets (``weight_sync.push_full_weights``); ``complete``: of
+        """Open weight sync ``version`` of ``count`` buckets (``weight_sync.BucketPayload``); ``complete``: of
         the whole transformer, else of the merged LoRA's linears."""
         await self.omni.begin_weight_sync(version, count, complete)
 
