@@ -52,13 +52,13 @@ class Recipe:
 
 RECIPES = {
     "qwen_image": Recipe("examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh", 16),
-    # the authors' one-GPU variant the launcher's comment names (8 prompts x 8 images, mini-batch 32)
+    # the authors' one-GPU variant the preset's comment names (8 prompts x 8 images, mini-batch 4 prompts = 32 images)
     "sd3": Recipe(
         "examples/flowgrpo_trainer/run_sd3_ocr_lora.sh",
         8,
         (
             "actor_rollout_ref.rollout.n=8",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
             # the launcher's micro-batch of 9 does not divide 32
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         ),

@@ -1,10 +1,14 @@
-"""The per-model launchers compose, as Hydra reads them from the command line, into a config the preflight accepts.
+"""The per-model launchers compose, as Hydra reads them from the command line, into their preset plus their paths, and
+into a config the preflight accepts.
 
 Each launcher of ``examples/flowgrpo_trainer/`` runs for real with ``--cfg job`` appended (an extra
 argument, passed through like any override): Hydra composes its overrides and prints the job config
-instead of training. That config then goes through what ``main_flowgrpo`` checks before Ray starts
-(keys and types, the model directory, the data files, every dataclass and the model adapter's
-sampling rules) with ``MODEL_PATH`` set to the model's tiny random directory. No training runs.
+instead of training. That config must equal its preset (``verl_omni/trainer/config/experiment/``, composed here with
+Hydra's compose API and the same overrides) in every key but the ones the launcher's environment sets, so a lost
+preset or a launcher value that shadows the preset shows here without the test retyping the recipe. It then goes
+through what ``main_flowgrpo`` checks before Ray starts (keys and types, the model directory, the data files, every
+dataclass and the model adapter's sampling rules) with ``MODEL_PATH`` set to the model's tiny random directory. No
+training runs.
 
 Each launcher with each registered algorithm (``algorithm=<name>`` appended) runs the command that
 ``docs/guide/algorithms.md`` ("Launchers") documents for the pairing: a served pairing passes every check
@@ -24,82 +28,69 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = REPO / "examples" / "flowgrpo_trainer"
-SQUARE_512 = {"height": 512, "width": 512}
-# per model: its launcher and what the recipe must have set (a wrong or lost override shows here)
+PRESETS = REPO / "verl_omni" / "trainer" / "config" / "experiment"
+# per model (a tiny-model builder): its launcher, run_<preset>.sh
 RECIPES = {
-    "sd3": (
-        "run_sd3_ocr_lora.sh",
-        {"num_inference_steps": 10, "true_cfg_scale": 4.5, "noise_level": 0.7, "sde_window_size": 9, "n": 24}
-        | SQUARE_512,
-    ),
-    "flux": (
-        "run_flux_ocr_lora.sh",
-        {"num_inference_steps": 6, "guidance_scale": 3.5, "noise_level": 0.9, "sde_window_size": 5, "n": 24}
-        | SQUARE_512,
-    ),
-    "z_image": (
-        "run_z_image_ocr_lora.sh",
-        {"num_inference_steps": 10, "true_cfg_scale": 4.0, "noise_level": 1.2, "sde_window_size": 2, "n": 16}
-        | SQUARE_512,
-    ),
-    "wan2_2": (
-        "run_wan2_2_5b_ocr_lora.sh",
-        {
-            "height": 480,
-            "width": 832,
-            "num_frames": 33,
-            "num_inference_steps": 20,
-            "true_cfg_scale": 5.0,
-            "noise_level": 0.7,
-            "sde_window_size": 2,
-            "n": 8,
-        },
-    ),
-    # the 5B's recipe with the authors' A14B high-noise CFG (one scale for both experts)
-    "wan2_2_a14b": (
-        "run_wan2_2_a14b_ocr_lora.sh",
-        {
-            "height": 480,
-            "width": 832,
-            "num_frames": 33,
-            "num_inference_steps": 20,
-            "true_cfg_scale": 4.0,
-            "noise_level": 0.7,
-            "sde_window_size": 2,
-            "n": 8,
-        },
-    ),
-    # the Qwen-Image recipe with the edit model's whitespace negative prompt
-    "qwen_image_edit": (
-        "run_qwen_image_edit_vlm_judge_lora.sh",
-        {
-            "num_inference_steps": 10,
-            "true_cfg_scale": 4.0,
-            "noise_level": 1.2,
-            "sde_window_size": 2,
-            "n": 16,
-            "negative_prompt": " ",
-        }
-        | SQUARE_512,
-    ),
-    # the FLUX.1-dev recipe with Kontext's embedded guidance and its source images' condition area
-    "flux_kontext": (
-        "run_flux_kontext_vlm_judge_lora.sh",
-        {
-            "num_inference_steps": 6,
-            "guidance_scale": 2.5,
-            "noise_level": 0.9,
-            "sde_window_size": 5,
-            "n": 24,
-            "model_kwargs": {"condition_area": 1048576},
-        }
-        | SQUARE_512,
-    ),
+    "sd3": "run_sd3_ocr_lora.sh",
+    "flux": "run_flux_ocr_lora.sh",
+    "z_image": "run_z_image_ocr_lora.sh",
+    "wan2_2": "run_wan2_2_5b_ocr_lora.sh",
+    "wan2_2_a14b": "run_wan2_2_a14b_ocr_lora.sh",
+    "qwen_image_edit": "run_qwen_image_edit_vlm_judge_lora.sh",
+    "flux_kontext": "run_flux_kontext_vlm_judge_lora.sh",
 }
 # the tiny builder of a launcher named after a model size (run_<name>_ocr_lora.sh with <name> no builder)
 LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2", "wan2_2_a14b": "wan2_2_a14b"}
 # passed after the launcher's own arguments: a CPU machine without the OCR service
 PASS_THROUGH = ("trainer.device=cpu", "reward.diffusion.preflight=false")
+# what a launcher's environment sets beside its paths: the reward server's URL and model, inside the scorer list
+REWARD_SERVER = ("reward.diffusion.scorers",)
+
+
+def preset_of(launcher: str) -> str:
+    """``run_<preset>.sh -> <preset>``."""
+    return launcher.removeprefix("run_").removesuffix(".sh")
+
+
+def path_overrides(model_path: Path, data_dir: Path) -> tuple[str, ...]:
+    """The keys a launcher sets from ``MODEL_PATH`` and ``DATA_DIR``."""
+    return (
+        f"actor_rollout_ref.model.path={model_path}",
+        f"data.train_files={data_dir}/train.parquet",
+        f"data.val_files={data_dir}/val.parquet",
+    )
+
+
+def resolved_without(config, keys: tuple[str, ...]) -> dict:
+    """``config`` as a resolved dict, without ``keys`` (dotted)."""
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(config, resolve=True)
+    for key in keys:
+        *parents, leaf = key.split(".")
+        node = values
+        for parent in parents:
+            node = node[parent]
+        node.pop(leaf)
+    return values
+
+
+def assert_is_its_preset(launched, launcher: str, *overrides: str) -> None:
+    """``launched`` (the launcher's job config) is its preset composed with ``overrides`` in every key but the reward
+    server's, and it keeps the preset's scorer types."""
+    from verl_omni.utils.config import compose_config
+
+    preset = compose_config("flowgrpo_trainer", [f"+experiment={preset_of(launcher)}", *overrides])
+    assert resolved_without(launched, REWARD_SERVER) == resolved_without(preset, REWARD_SERVER)
+    launched_types = [scorer.type for scorer in launched.reward.diffusion.scorers]
+    assert launched_types == [scorer.type for scorer in preset.reward.diffusion.scorers]
+
+
+def test_every_preset_has_its_launcher():
+    """One launcher per recipe preset (the bases under ``experiment/base/`` are not recipes)."""
+    presets = {p.stem for p in PRESETS.glob("*.yaml")}
+    assert presets == {preset_of(p.name) for p in LAUNCHERS.glob("run_*.sh")}
+    assert set(RECIPES.values()) <= {f"run_{name}.sh" for name in presets}
 
 
 @pytest.fixture(scope="module")
@@ -146,34 +137,35 @@ def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subp
 
 
 @pytest.mark.parametrize("model", sorted(RECIPES))
-def test_launcher_composes_and_passes_the_preflight(model, tiny_model, data_dirs, tmp_path):
+def test_launcher_composes_its_preset_and_passes_the_preflight(model, tiny_model, data_dirs, tmp_path):
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.preflight import check_config, check_resources
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.utils.config import register_resolvers
 
-    launcher, expected = RECIPES[model]
+    launcher = RECIPES[model]
     model_path = tiny_model(model)
+    data_dir = data_dirs(model_path)
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
-    proc = launch(launcher, model_path, data_dirs(model_path), *PASS_THROUGH, run_dir, "--cfg", "job")
+    proc = launch(launcher, model_path, data_dir, *PASS_THROUGH, run_dir, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()
     config = OmegaConf.create(proc.stdout)
+    assert_is_its_preset(config, launcher, *path_overrides(model_path, data_dir), *PASS_THROUGH, run_dir)
 
     check_config(config)
     check_resources(config)
     configs = validate_config(config)
 
-    rollout = config.actor_rollout_ref.rollout
-    assert {key: rollout[key] for key in expected} == expected
-    if "true_cfg_scale" in expected and "negative_prompt" not in expected:  # the authors' negative prompt: empty
-        assert rollout.negative_prompt == ""
     assert config.actor_rollout_ref.model.path == str(model_path)
     assert configs.trainer.device == "cpu", "an extra argument overrides the launcher's own"
     assert configs.model.adapter.__name__.lower().startswith(model.replace("_", ""))
     spec = configs.rollout.sampling_spec(False, configs.model.adapter, "launcher")
-    assert spec.uses_cfg == ("true_cfg_scale" in expected)
+    assert spec.uses_cfg == ((config.actor_rollout_ref.rollout.true_cfg_scale or 1.0) > 1)
+    # the mini-batch counts prompts: a whole number of optimizer steps of whole prompt groups per step
+    assert config.data.train_batch_size % configs.actor.ppo_mini_batch_size == 0
+    assert configs.actor.mini_batch_samples == configs.actor.ppo_mini_batch_size * configs.rollout.n
 
 
 @pytest.mark.parametrize("model", ["qwen_image_edit", "flux_kontext"])
@@ -207,7 +199,7 @@ def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     monkeypatch.setenv("JUDGE_URL", url)
     monkeypatch.delenv("JUDGE_MODEL", raising=False)
-    launcher, _ = RECIPES[model]
+    launcher = RECIPES[model]
     run_dir = f"trainer.default_local_dir={tmp_path / 'run'}"
     proc = launch(launcher, tiny_model(model), edit_dir, "trainer.device=cpu", run_dir, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -237,7 +229,7 @@ def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.utils.config import register_resolvers
 
-    launcher, _ = RECIPES["flux"]
+    launcher = RECIPES["flux"]
     extra = (
         *PASS_THROUGH,
         f"trainer.default_local_dir={tmp_path / 'run'}",
@@ -253,7 +245,7 @@ def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_
 def test_launcher_without_model_path_says_what_to_set():
     env = {k: v for k, v in os.environ.items() if k != "MODEL_PATH"}
     proc = subprocess.run(
-        ["bash", str(LAUNCHERS / RECIPES["sd3"][0]), "--cfg", "job"],
+        ["bash", str(LAUNCHERS / RECIPES["sd3"]), "--cfg", "job"],
         capture_output=True,
         text=True,
         env=env,
@@ -331,33 +323,49 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
     assert str(model_path) in str(error.value) and "algorithms this model serves: [" in str(error.value)
 
 
+def test_the_tiny_cpu_launcher_is_the_default_run_on_the_cpu(tmp_path):
+    """``run_tiny_cpu.sh``: ``flowgrpo_trainer.yaml``'s own run (what ``scripts/run.sh`` runs), pinned to the CPU."""
+    from omegaconf import OmegaConf
+
+    from verl_omni.utils.config import compose_config, register_resolvers
+
+    out = f"trainer.default_local_dir={tmp_path}"
+    proc = launch("run_tiny_cpu.sh", tmp_path, tmp_path, out, "--cfg", "job")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    register_resolvers()
+    config = OmegaConf.create(proc.stdout)
+    assert_is_its_preset(config, "run_tiny_cpu.sh", out)
+    default = compose_config("flowgrpo_trainer", [out])
+    assert resolved_without(config, ("trainer.device",)) == resolved_without(default, ("trainer.device",))
+    assert config.trainer.device == "cpu"
+
+
 def test_the_tiny_wan_cpu_launcher_composes_a_video_run_the_preflight_accepts(tiny_model, tmp_path):
-    """``run_wan2_2_5b_tiny_cpu.sh``: the built-in CPU run with the tiny Wan2.2 and 5 frames (the e2e trainer test
-    runs the same settings, ``tests/trainer/test_flowgrpo_models_e2e.py``)."""
+    """``run_wan2_2_5b_tiny_cpu.sh``: the built-in CPU run with the tiny Wan2.2 and more than one frame (the e2e trainer
+    test runs the same settings, ``tests/trainer/test_flowgrpo_models_e2e.py``)."""
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.preflight import check_config, check_resources
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.trainer.main_flowgrpo import resolve_builtin_paths
-    from verl_omni.utils.config import register_resolvers
+    from verl_omni.utils.config import compose_config, register_resolvers
 
-    proc = launch(
-        "run_wan2_2_5b_tiny_cpu.sh",
-        tiny_model("wan2_2"),
-        tmp_path,
-        f"trainer.default_local_dir={tmp_path}",
-        f"trainer.builtin_dir={tmp_path / 'builtin'}",
-        "--cfg",
-        "job",
-    )
+    overrides = (f"trainer.default_local_dir={tmp_path}", f"trainer.builtin_dir={tmp_path / 'builtin'}")
+    proc = launch("run_wan2_2_5b_tiny_cpu.sh", tiny_model("wan2_2"), tmp_path, *overrides, "--cfg", "job")
     assert proc.returncode == 0, proc.stderr[-3000:]
     register_resolvers()
     config = OmegaConf.create(proc.stdout)
+    model_path = f"actor_rollout_ref.model.path={tiny_model('wan2_2')}"
+    assert_is_its_preset(config, "run_wan2_2_5b_tiny_cpu.sh", model_path, *overrides)
+    builtin_run = compose_config("flowgrpo_trainer", ["+experiment=tiny_cpu", model_path, *overrides])
+    only_frames = ("actor_rollout_ref.rollout.num_frames",)
+    assert resolved_without(config, only_frames) == resolved_without(builtin_run, only_frames)
     # the built-in prompt set, as the entry point builds it before its checks
     resolve_builtin_paths(config)
     check_config(config)
     check_resources(config)
     configs = validate_config(config)
     spec = configs.rollout.sampling_spec(False, configs.model.adapter, "launcher")
-    assert (spec.num_frames, spec.height, spec.width, spec.uses_cfg) == (5, 32, 32, False)
+    rollout = builtin_run.actor_rollout_ref.rollout
+    assert spec.num_frames > 1 and (spec.height, spec.width, spec.uses_cfg) == (rollout.height, rollout.width, False)
     assert configs.model.adapter.__name__ == "Wan22TrainingAdapter" and configs.trainer.device == "cpu"

@@ -38,7 +38,7 @@ BAGEL_ARGS = (
     "+actor_rollout_ref.rollout.model_kwargs.cfg_interval=[0.8,1.0]",
     "actor_rollout_ref.rollout.agent.num_workers=1",
     "data.train_batch_size=1",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
 )
 
 

@@ -39,7 +39,9 @@ def test_default_config_validates(compose):
     from verl_omni.trainer.config.validation import validate_config
 
     configs = validate_config(compose())
-    assert configs.rollout.n * 4 == configs.actor.ppo_mini_batch_size
+    # one optimizer step over the whole batch: all 4 prompts (verl's unit), each with its rollout.n samples
+    assert configs.actor.ppo_mini_batch_size == 4 and configs.actor.rollout_n == configs.rollout.n
+    assert configs.actor.mini_batch_samples == 4 * configs.rollout.n
     assert configs.reward.scorers[0].type == "brightness"
     assert configs.actor.engine.strategy == "fsdp2"
 
@@ -47,7 +49,11 @@ def test_default_config_validates(compose):
 BAD_CONFIGS = [
     (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model"),
     (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n"),
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=12"], "actor_rollout_ref.actor.ppo_mini_batch_size"),
+    (
+        ["actor_rollout_ref.actor.ppo_mini_batch_size=3"],
+        r"actor_rollout_ref.actor.ppo_mini_batch_size=3 counts prompts",
+    ),
+    (["actor_rollout_ref.actor.rollout_n=2"], "actor_rollout_ref.actor.rollout_n=2 must equal"),
     (["trainer.n_gpus_per_node=3"], "ppo_mini_batch_size"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], "ppo_micro_batch_size_per_gpu"),
     (["reward.diffusion.scorers=[{type: sharpness}]"], r"reward.diffusion.scorers\[0\].type"),

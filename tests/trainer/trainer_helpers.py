@@ -91,7 +91,7 @@ def entry_point_command(out: Path, model: Path, prompts, *overrides: str) -> lis
         "actor_rollout_ref.rollout.num_inference_steps=4",
         "actor_rollout_ref.rollout.sde_window_size=2",
         "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-2",
         f"data.train_files={train}",

@@ -30,7 +30,7 @@ ACTOR = "actor_rollout_ref.actor"
 TINY_RUN = {
     "data.train_batch_size": 2,
     f"{ROLLOUT}.n": 2,
-    f"{ACTOR}.ppo_mini_batch_size": 4,
+    f"{ACTOR}.ppo_mini_batch_size": 2,
     f"{ACTOR}.ppo_micro_batch_size_per_gpu": 2,
     f"{ROLLOUT}.num_inference_steps": 4,
     f"{ROLLOUT}.height": 32,
@@ -226,6 +226,7 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     actor = build_actor(
         tiny_qwen_image_path,
         ppo_mini_batch_size=TINY_RUN[f"{ACTOR}.ppo_mini_batch_size"],
+        rollout_n=TINY_RUN[f"{ROLLOUT}.n"],
         ppo_micro_batch_size_per_gpu=TINY_RUN[f"{ACTOR}.ppo_micro_batch_size_per_gpu"],
         algorithm_config=configs.algorithm,
         kl_beta=configs.actor.kl_beta,

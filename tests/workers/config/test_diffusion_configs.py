@@ -38,6 +38,7 @@ def test_model_config_exposes_verl_lora_rank(tiny_qwen_image_path):
     [
         ({"ppo_epochs": 0}, "actor.ppo_epochs"),
         ({"ppo_mini_batch_size": 0}, "actor.ppo_mini_batch_size"),
+        ({"rollout_n": 0}, "actor.rollout_n"),
         ({"ppo_micro_batch_size_per_gpu": 0}, "actor.ppo_micro_batch_size_per_gpu"),
         ({"clip_ratio": 0.0}, "actor.clip_ratio"),
         ({"kl_beta": -0.1}, "actor.kl_beta"),
@@ -54,3 +55,12 @@ def test_actor_config_validates_batch_sizes_against_data_parallel_size():
         DiffusionActorConfig(ppo_mini_batch_size=8).validate(dp_size=3)
     with pytest.raises(ValueError, match="ppo_micro_batch_size_per_gpu=3"):
         DiffusionActorConfig(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=3).validate(dp_size=2)
+
+
+def test_actor_mini_batch_counts_prompts_as_verl_does():
+    """``ppo_mini_batch_size`` is prompts; the update and the per-rank checks work on its samples (x ``rollout_n``)."""
+    config = DiffusionActorConfig(ppo_mini_batch_size=2, rollout_n=4, ppo_micro_batch_size_per_gpu=4)
+    assert config.mini_batch_samples == 8
+    config.validate(dp_size=2)
+    with pytest.raises(ValueError, match=r"ppo_mini_batch_size \* rollout.n = 2 \* 4 = 8 samples .* size 3"):
+        config.validate(dp_size=3)

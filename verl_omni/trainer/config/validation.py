@@ -76,12 +76,17 @@ def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
     prompts = config.data.train_batch_size
     if not isinstance(prompts, int) or prompts < 1:
         raise ValueError(f"data.train_batch_size must be an integer >= 1, got {prompts!r}")
-    samples = prompts * n
-    mini = configs.actor.ppo_mini_batch_size
-    if samples % mini:
+    if configs.actor.rollout_n != n:
         raise ValueError(
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide the samples per step "
-            f"data.train_batch_size * rollout.n = {prompts} * {n} = {samples}"
+            f"actor_rollout_ref.actor.rollout_n={configs.actor.rollout_n} must equal actor_rollout_ref.rollout.n={n} "
+            "(leave it unset: the YAML mirrors rollout.n)"
+        )
+    mini = configs.actor.ppo_mini_batch_size
+    if prompts % mini:
+        raise ValueError(
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} counts prompts per optimizer step (verl's unit; "
+            f"{mini} * rollout.n = {mini * n} samples) and must divide the prompts per step data.train_batch_size="
+            f"{prompts}: set it to a divisor of {prompts}"
         )
     try:
         configs.actor.validate(configs.dp_size)

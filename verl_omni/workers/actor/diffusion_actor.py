@@ -83,10 +83,12 @@ class DiffusionActor:
 
     def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:
         """One update on ``data`` (carrying the loss's ``required_keys``); returns ``actor/*`` metrics."""
-        local = self.config.ppo_mini_batch_size // self.engine.get_data_parallel_size()
+        local = self.config.mini_batch_samples // self.engine.get_data_parallel_size()
         size = data.batch_size[0]
         if size % local:
-            raise ValueError(f"local batch {size} must divide by actor.ppo_mini_batch_size / dp = {local}")
+            raise ValueError(
+                f"local batch {size} must divide by actor.ppo_mini_batch_size * rollout.n / dp = {local} samples"
+            )
         if self.drop_zero_std_groups:
             self._check_sample_mask(data)
         data = self._prepare(data, spec, self.config.ppo_micro_batch_size_per_gpu)

@@ -19,7 +19,10 @@ class DiffusionActorConfig(BaseConfig):
     """Mini-batching and the loss settings shared by the algorithms' updates.
 
     Args:
-        ppo_mini_batch_size (int): samples per optimizer step, over all data-parallel ranks.
+        ppo_mini_batch_size (int): prompts per optimizer step, over all data-parallel ranks (verl's unit: each
+            prompt brings its ``rollout_n`` samples, so a mini-batch is ``mini_batch_samples`` samples).
+        rollout_n (int): samples per prompt, mirrored from ``actor_rollout_ref.rollout.n`` by the YAML (as verl's
+            actor does); 1 when the actor is built without a rollout.
         ppo_micro_batch_size_per_gpu (int): samples per forward/backward on one rank; gradients
             accumulate over micro-batches × replayed steps up to a mini-batch.
         infer_micro_batch_size_per_gpu (int): samples per forward of the forward-only phases (``old_log_prob``,
@@ -56,6 +59,7 @@ class DiffusionActorConfig(BaseConfig):
     """
 
     ppo_mini_batch_size: int = 16
+    rollout_n: int = 1
     ppo_micro_batch_size_per_gpu: int = 4
     infer_micro_batch_size_per_gpu: int = 0
     ppo_epochs: int = 1
@@ -71,7 +75,7 @@ class DiffusionActorConfig(BaseConfig):
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(save_lora_only=True))
 
     def __post_init__(self):
-        for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
+        for key in ("ppo_mini_batch_size", "rollout_n", "ppo_micro_batch_size_per_gpu", "ppo_epochs"):
             if getattr(self, key) < 1:
                 raise ValueError(f"actor.{key} must be >= 1, got {getattr(self, key)}")
         infer = self.infer_micro_batch_size_per_gpu
@@ -112,6 +116,11 @@ class DiffusionActorConfig(BaseConfig):
             raise ValueError(f"actor.optim.clip_grad must be > 0, got {optim.clip_grad!r}")
 
     @property
+    def mini_batch_samples(self) -> int:
+        """Samples per optimizer step: ``ppo_mini_batch_size`` counts prompts, each sampled ``rollout_n`` times."""
+        return self.ppo_mini_batch_size * self.rollout_n
+
+    @property
     def infer_micro_batch_size(self) -> int:
         """Samples per forward of the forward-only phases (``infer_micro_batch_size_per_gpu``, 0: the update's)."""
         return self.infer_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu
@@ -123,14 +132,16 @@ class DiffusionActorConfig(BaseConfig):
         return "rollout_log_probs" if self.use_rollout_log_probs else "old_log_probs"
 
     def validate(self, dp_size: int) -> None:
-        """Checks that need the data-parallel size."""
-        if self.ppo_mini_batch_size % dp_size:
+        """Checks that need the data-parallel size: each rank's share of a mini-batch is whole micro-batches."""
+        samples = self.mini_batch_samples
+        if samples % dp_size:
             raise ValueError(
-                f"actor.ppo_mini_batch_size={self.ppo_mini_batch_size} must divide by the data-parallel size {dp_size}"
+                f"actor.ppo_mini_batch_size * rollout.n = {self.ppo_mini_batch_size} * {self.rollout_n} = {samples} "
+                f"samples must divide by the data-parallel size {dp_size}"
             )
-        per_rank = self.ppo_mini_batch_size // dp_size
+        per_rank = samples // dp_size
         if per_rank % self.ppo_micro_batch_size_per_gpu:
             raise ValueError(
-                f"actor.ppo_mini_batch_size / dp = {per_rank} must divide by "
+                f"actor.ppo_mini_batch_size * rollout.n / dp = {per_rank} samples per rank must divide by "
                 f"actor.ppo_micro_batch_size_per_gpu={self.ppo_micro_batch_size_per_gpu}"
             )
