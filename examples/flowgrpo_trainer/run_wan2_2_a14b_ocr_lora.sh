@@ -3,10 +3,10 @@
 # the preset verl_omni/trainer/config/experiment/wan2_2_a14b_ocr_lora.yaml (the 5B recipe with the A14B's CFG; a
 # starting point, not a tuned recipe), with the paths below. How the two experts train (one LoRA over both, each
 # recorded step replayed by the expert that sampled it, two diffusers LoRA files per checkpoint): docs/guide/models.md,
-# "Wan2.2".
+# "Video models (Wan2.2)".
 # Memory: each expert is a 14 B transformer (28 GB of bf16 weights), and the rollout keeps both resident, so a
 # colocated replica needs ~56 GB for the experts alone before the actor's FSDP shards and activations: plan on
-# 141 GB GPUs (H200) or a separate rollout pool. Not run end to end on a GPU (docs/perf.md, "Wan2.2 T2V-A14B").
+# 141 GB GPUs (H200) or a separate rollout pool. Not run end to end on a GPU (benchmarks/results/models_gpu.md, "Wan2.2 T2V-A14B").
 #
 # Needs: a diffusers Wan2.2 T2V-A14B directory (MODEL_PATH, WanPipeline layout with transformer_2 and boundary_ratio
 # in model_index.json, e.g. Wan-AI/Wan2.2-T2V-A14B-Diffusers), the OCR prompt set

@@ -256,7 +256,7 @@ def test_launcher_without_model_path_says_what_to_set():
 
 # ---- each launcher with each algorithm ----------------------------------------------------------
 
-DOC = REPO / "docs" / "algorithms.md"
+DOC = REPO / "docs" / "guide" / "algorithms.md"
 # one row per (launcher, algorithm): `| `run_<model>_<reward>_lora.sh` | `<algorithm>` | <command or refusal> |`
 DOC_ROW = re.compile(r"^\| `(run_(\w+?)_(?:ocr|vlm_judge)_lora\.sh)` \| `(\w+)` \| (.+) \|$", re.MULTILINE)
 # the model launchers (``run_<model>_<reward>_lora.sh``, ``<model>`` a tiny-model builder) and the Hydra group
