@@ -39,9 +39,8 @@ from verl_omni.pipelines.wan2_2.training_adapter import (
     padded_text,
 )
 
-# videos per VAE decode call: the Wan2.2 VAE decoding 8 videos of 832×480×33 at once asked for more than an 80 GB
-# H100 had beside the 5B transformer (out of memory in the decode, benchmarks/results/models_gpu.md "Wan2.2"),
-# while 4 fit
+# videos per VAE decode call: the Wan2.2 VAE's activations grow with the videos decoded at once, and a group's
+# worth of 480p videos in one call does not fit an 80 GB GPU beside the 5B transformer
 VAE_DECODE_CHUNK = 2
 
 

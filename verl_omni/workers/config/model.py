@@ -36,7 +36,8 @@ class DiffusionLoraConfig(BaseConfig):
         dropout (float): LoRA dropout; Flow-GRPO uses 0 so that replay is deterministic.
         merge (bool): (verl's ``lora.merge``) send the rollout the adapted linears' weights with the LoRA merged in
             (``W + alpha / r * B @ A``, rounded once to the rollout's dtype) instead of the adapter: the rollout runs
-            plain linears, 1.21x faster than serving the r64 adapter at the OCR recipe's shape (compiled, an H100).
+            plain linears, faster than serving the adapter, whose low-rank products are separate memory-bound
+            kernels beside every adapted linear (``docs/perf.md`` has the figure).
             Its log-probs then carry the merge's rounding too (logged each step, ``old_log_prob/rollout_diff_max``).
             Needs rank > 0 and a model with a full-weight sync. Default False. docs/guide/training.md, "Weight sync to
             the rollout".

@@ -79,10 +79,8 @@ def release_host_memory() -> None:
     """Hand the host memory freed since loading back to the system (glibc keeps freed heap pages otherwise).
 
     Loading a checkpoint fills the heap with its CPU tensors; once they are on the device (or in the offload's own
-    buffers) the pages stay in this process's resident size. On one 80 GB GPU shared with a sleeping rollout, whose
-    weights wait in host memory too, the host ran out with the actor process 22 GB above its 40 GB of offloaded
-    parameters (``benchmarks/results/qwen_image_recipe.md``, the H100); whether this trim is what that run lacked
-    is not measured yet.
+    buffers) the pages stay in this process's resident size. Where the actor's parameters are offloaded beside a
+    sleeping rollout whose weights wait in host memory too, those pages are what can run the host out of memory.
     """
     import gc
 
@@ -114,7 +112,7 @@ def compile_blocks(module: torch.nn.Module, block_classes) -> int:
         )
     # one graph per (grad mode, LoRA on or off for the reference, input shapes: the update's and the forward-only
     # micro-batches, each step's text length until dynamo makes it dynamic): more than dynamo's default of 8, past
-    # which the blocks silently ran eager again (seen on the recipe: the update only 13 % faster than eager)
+    # which dynamo silently runs the blocks eager again
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT)
     for block in blocks:
         block.forward = torch.compile(block.forward)

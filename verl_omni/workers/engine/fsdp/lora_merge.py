@@ -1,8 +1,8 @@
 """The trained LoRA merged into the frozen weights it adapts, as the rollout computes with it (``model.lora.merge``).
 
 A rollout that serves the LoRA as an adapter runs its low-rank products beside every adapted linear in every
-forward: at the OCR recipe's shape that costs the compiled rollout 1.21× (``docs/perf.md``), far above the
-adapter's ~1.4 % of the FLOPs, because each slice's products and adds are separate memory-bound kernels. Merged,
+forward: that costs the compiled rollout far more than the adapter's share of the FLOPs (``docs/perf.md``),
+because each slice's products and adds are separate memory-bound kernels. Merged,
 the rollout computes with plain linears: each sync sends, for every adapted linear, ``W + scaling · B @ A``
 under the linear's own diffusers name (``...attn.to_q.weight``), through the same checked buckets as full
 fine-tuning (:mod:`~verl_omni.workers.rollout.weight_buckets`); everything else in the rollout stays as loaded.
