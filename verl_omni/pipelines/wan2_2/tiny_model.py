@@ -77,22 +77,7 @@ def _vae():
 
 
 def _umt5_encoder(tokenizer):
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    config = UMT5Config(
-        vocab_size=len(tokenizer),
-        d_model=UMT5_D_MODEL,
-        d_kv=16,
-        d_ff=2 * UMT5_D_MODEL,
-        num_layers=2,
-        num_heads=2,
-        relative_attention_num_buckets=8,
-        feed_forward_proj="gated-gelu",
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )
-    return UMT5EncoderModel(config).eval()
+    return parts.t5_text_encoder(tokenizer, UMT5_D_MODEL, num_heads=2, umt5=True)
 
 
 def build_tiny_wan2_2(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:

@@ -73,24 +73,26 @@ def t5_tokenizer(vocab_size: int = 400):
     return T5Tokenizer(vocab=vocab, extra_ids=0)
 
 
-def t5_text_encoder(tokenizer, d_model: int = 64):
-    """A 2-layer ``T5EncoderModel`` (the SD3 and FLUX text encoder family)."""
-    from transformers import T5Config, T5EncoderModel
+def t5_text_encoder(tokenizer, d_model: int = 64, num_heads: int = 4, umt5: bool = False):
+    """A 2-layer ``T5EncoderModel`` (the SD3 and FLUX text encoder family), or its multilingual ``UMT5EncoderModel``
+    sibling with ``umt5`` (Wan2.2's): the same configuration keys build either."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    config = T5Config(
+    config_cls, model_cls = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    config = config_cls(
         vocab_size=len(tokenizer),
         d_model=d_model,
         d_kv=16,
         d_ff=2 * d_model,
         num_layers=2,
-        num_heads=4,
+        num_heads=num_heads,
         relative_attention_num_buckets=8,
         feed_forward_proj="gated-gelu",
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
     )
-    return T5EncoderModel(config).eval()
+    return model_cls(config).eval()
 
 
 def qwen3_tokenizer():
