@@ -44,7 +44,7 @@ def _loop(path, data=None):
 
 @pytest.mark.parametrize("architecture", ["QwenImagePipeline", "BagelForConditionalGeneration"])
 def test_prompt_request_uses_the_model_adapters_template(tmp_path, architecture):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
     path = _checkpoint(tmp_path / "model", architecture)
     loop = _loop(path)
@@ -53,7 +53,7 @@ def test_prompt_request_uses_the_model_adapters_template(tmp_path, architecture)
         {"raw_prompt": [{"role": "user", "content": "a red cat"}], "uid": "u0"}, {"true_cfg_scale": 4.0}
     )
 
-    adapter = get_training_adapter(path)
+    adapter = get_model_adapter(path)
     assert request.prompt_ids == adapter.prompt_token_ids(tokenizer, "a red cat")
     assert request.negative_prompt_ids == adapter.prompt_token_ids(tokenizer, "blurry")
     assert request.routing_key == "u0"
@@ -61,7 +61,7 @@ def test_prompt_request_uses_the_model_adapters_template(tmp_path, architecture)
         "QwenImagePipeline": "BagelForConditionalGeneration",
         "BagelForConditionalGeneration": "QwenImagePipeline",
     }
-    other = get_training_adapter(_checkpoint(tmp_path / "other", others[architecture]))
+    other = get_model_adapter(_checkpoint(tmp_path / "other", others[architecture]))
     assert request.prompt_ids != other.prompt_token_ids(tokenizer, "a red cat")
 
 
@@ -72,7 +72,7 @@ def test_an_editing_models_request_carries_the_rows_decoded_source_images_and_na
 
     from PIL import Image
 
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
     red = Image.new("RGB", (40, 24), (255, 0, 0))
     buffer = io.BytesIO()
@@ -87,7 +87,7 @@ def test_an_editing_models_request_carries_the_rows_decoded_source_images_and_na
     edit = _checkpoint(tmp_path / "edit", "QwenImageEditPipeline")
     loop = _loop(edit, {"image_key": "source"})
     request = loop.prompt_request(row, {"true_cfg_scale": 4.0})
-    assert request.prompt_ids == get_training_adapter(edit).prompt_token_ids(loop.tokenizer, "make it blue")
+    assert request.prompt_ids == get_model_adapter(edit).prompt_token_ids(loop.tokenizer, "make it blue")
     assert [im.size for im in request.images] == [(40, 24), (8, 8)]
     assert request.images[0].getpixel((0, 0)) == (255, 0, 0) and request.images[1].getpixel((0, 0)) == (0, 0, 255)
 

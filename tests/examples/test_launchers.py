@@ -117,9 +117,9 @@ def edit_dir(tmp_path_factory):
 def data_dirs(ocr_dir, edit_dir):
     """``model path -> DATA_DIR``: an editing model's launcher (its adapter takes source images) reads the editing
     set, the others the OCR set."""
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
-    return lambda model_path: edit_dir if get_training_adapter(model_path).max_source_images else ocr_dir
+    return lambda model_path: edit_dir if get_model_adapter(model_path).max_source_images else ocr_dir
 
 
 def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subprocess.CompletedProcess:

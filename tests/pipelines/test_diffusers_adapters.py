@@ -359,10 +359,10 @@ def test_builder_is_deterministic_per_seed_and_small(model_name, tiny_path, tmp_
 
 
 def test_adapter_is_registered_under_the_pipeline_class(model_name, tiny_path):
-    from verl_omni.pipelines.model_base import TRAINING_ADAPTERS, architecture_name
+    from verl_omni.pipelines.model_base import MODEL_ADAPTERS, architecture_name
 
     adapter = _adapter(MODELS[model_name])
-    assert TRAINING_ADAPTERS.get(architecture_name(tiny_path)) is adapter
+    assert MODEL_ADAPTERS.get(architecture_name(tiny_path)) is adapter
     assert adapter.lora_file_pipeline == architecture_name(tiny_path)
     # the tiny VAE downsamples less than the released 8x: sizes that suit the released model suit it too
     assert adapter.latent_multiple % (2 * adapter.vae_scale_factor(tiny_path)) == 0

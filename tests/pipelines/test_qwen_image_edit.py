@@ -51,11 +51,11 @@ def test_tiny_plus_runs_in_diffusers_with_two_images_and_a_saved_lora_changes_th
     from peft import LoraConfig
     from PIL import Image
 
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, gather_lora_state_dict, save_lora_dir
 
     path = tiny_model("qwen_image_edit_plus")
-    adapter = get_training_adapter(path)
+    adapter = get_model_adapter(path)
     assert (
         adapter.__name__ == "QwenImageEditPlusTrainingAdapter"
         and adapter.lora_file_pipeline == "QwenImageEditPlusPipeline"

@@ -6,7 +6,7 @@ import pytest
 from verl import DataProto
 
 from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
-from verl_omni.pipelines.model_base import TRAINING_ADAPTERS
+from verl_omni.pipelines.model_base import MODEL_ADAPTERS
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 from verl_omni.pipelines.rollout_request import parse_rollout_request
 from verl_omni.pipelines.sampling import SamplingSpec, shared_spec
@@ -17,10 +17,10 @@ from verl_omni.workers.rollout.vllm_omni.engine import build_sampling_params
 MODEL = "actor_rollout_ref.model.path=/ckpt"
 
 
-@pytest.mark.parametrize("architecture", TRAINING_ADAPTERS.names())
+@pytest.mark.parametrize("architecture", MODEL_ADAPTERS.names())
 def test_every_models_defaults_resolve_and_its_refusals_name_it(architecture):
     """Switching model is model.path alone: the default config resolves for every registered adapter."""
-    adapter = TRAINING_ADAPTERS.get(architecture)
+    adapter = MODEL_ADAPTERS.get(architecture)
     spec = DiffusionRolloutConfig().sampling_spec(adapter=adapter, model=MODEL)
     assert spec.true_cfg_scale == adapter.default_true_cfg_scale
     assert spec.guidance_scale == adapter.default_guidance_scale

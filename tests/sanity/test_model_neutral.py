@@ -1,6 +1,6 @@
 """Generic modules hold no model facts: none imports a model package (``verl_omni/pipelines/<model>/``).
 
-What differs between models is read from the checkpoint's adapter (``get_training_adapter``); a generic
+What differs between models is read from the checkpoint's adapter (``get_model_adapter``); a generic
 module that imported one model's package would apply that model's facts to every model (as the rollout's
 LoRA loader once applied Qwen-Image's renaming to all of them).
 """

@@ -133,16 +133,16 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
         f"""
         import asyncio, json, sys
         import torch
-        from verl_omni.pipelines.model_base import TRAINING_ADAPTERS, get_training_adapter
+        from verl_omni.pipelines.model_base import MODEL_ADAPTERS, get_model_adapter
         from verl_omni.utils.reward_score import ScoreBatch, available_scorers, get_scorer_cls
         from verl_omni.utils.tiny_models import available_builders, build_tiny_model
         from verl_omni.algorithms import ALGORITHMS, check_model_supports, get_algorithm
 
-        out = {{"adapters": TRAINING_ADAPTERS.names(), "algorithms": ALGORITHMS.names()}}
+        out = {{"adapters": MODEL_ADAPTERS.names(), "algorithms": ALGORITHMS.names()}}
         out["algorithm_module_imported_by_listing"] = "oot_example.algorithm" in sys.modules
         out["adapter_module_imported_by_listing"] = "oot_example.adapter" in sys.modules
         path = build_tiny_model("oot_example", {str(root / "ckpt")!r}, seed=3)
-        adapter = get_training_adapter(path)
+        adapter = get_model_adapter(path)
         out["adapter"] = f"{{adapter.__module__}}:{{adapter.__qualname__}}"
         out["rollout_pipeline"] = adapter.rollout_pipeline
         out["scorers"] = available_scorers()
@@ -159,7 +159,7 @@ def test_installed_entry_points_register_adapter_scorer_and_tiny_builder(oot_env
             out["pairing"] = str(e)
         for name in ("BagelForConditionalGeneration", "BrokenPipeline"):
             try:
-                TRAINING_ADAPTERS.get(name)
+                MODEL_ADAPTERS.get(name)
                 out[name] = "no error"
             except (ValueError, ImportError) as e:
                 out[name] = f"{{type(e).__name__}}: {{e}}"
@@ -202,15 +202,15 @@ def test_tiny_model_cli_lists_and_builds_an_entry_point_builder(oot_env):
 
 
 def test_unknown_architecture_lists_the_registered_ones_and_how_to_add_one(tmp_path):
-    from verl_omni.pipelines.model_base import ADAPTER_ENTRY_POINT_GROUP, get_training_adapter
+    from verl_omni.pipelines.model_base import ADAPTER_ENTRY_POINT_GROUP, get_model_adapter
 
     (tmp_path / "model_index.json").write_text('{"_class_name": "NoSuchPipeline"}')
     with pytest.raises(ValueError, match="NoSuchPipeline") as e:
-        get_training_adapter(tmp_path)
+        get_model_adapter(tmp_path)
     message = str(e.value)
     assert f"model.path={tmp_path}" in message
     assert "QwenImagePipeline" in message and "BagelForConditionalGeneration" in message
-    assert ADAPTER_ENTRY_POINT_GROUP in message and "@register_training_adapter" in message
+    assert ADAPTER_ENTRY_POINT_GROUP in message and "@register_model_adapter" in message
 
 
 def test_unknown_scorer_and_tiny_model_say_how_to_add_one():
@@ -224,12 +224,12 @@ def test_unknown_scorer_and_tiny_model_say_how_to_add_one():
 
 
 def test_builtins_are_found_by_package_without_a_list():
-    from verl_omni.pipelines.model_base import TRAINING_ADAPTERS
+    from verl_omni.pipelines.model_base import MODEL_ADAPTERS
     from verl_omni.utils.reward_score import available_scorers
     from verl_omni.utils.tiny_models import available_builders
 
     # every model package's training_adapter.py registers; `schedulers` (shared code, no adapter) adds nothing
-    assert {"QwenImagePipeline", "BagelForConditionalGeneration"} <= set(TRAINING_ADAPTERS.names())
+    assert {"QwenImagePipeline", "BagelForConditionalGeneration"} <= set(MODEL_ADAPTERS.names())
     # every scorer module of verl_omni/utils/reward_score registers
     assert {"brightness", "jpeg_compressibility", "ocr", "pickscore", "clip_score", "aesthetic", "http"} <= set(
         available_scorers()

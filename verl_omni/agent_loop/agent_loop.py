@@ -53,7 +53,7 @@ from verl_omni.agent_loop.utils import (
     right_pad,
     sample_seed,
 )
-from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, TRAJECTORY_KEYS
 from verl_omni.utils.dataset.prompt_dataset import row_image_key
 from verl_omni.workers.config.rollout import DiffusionRolloutConfig
@@ -113,7 +113,7 @@ class DiffusionAgentLoopBase(AgentLoopBase):
     def __init__(self, trainer_config: DictConfigWrap, server_manager, tokenizer, processor=None, **kwargs):
         self.config = trainer_config.config
         self.rollout_config = self.config.actor_rollout_ref.rollout
-        self.adapter = get_training_adapter(self.config.actor_rollout_ref.model.path)
+        self.adapter = get_model_adapter(self.config.actor_rollout_ref.model.path)
         self.server_manager = server_manager
         self.tokenizer = tokenizer
         self.processor = processor
@@ -325,7 +325,7 @@ class DiffusionAgentLoopManager(AgentLoopManager):
         self.agent_loop_workers_class = ray.remote(DiffusionAgentLoopWorker)
         super().__init__(config, llm_client, teacher_client=None, reward_loop_worker_handles=reward_loop_worker_handles)
         self.diffusion_config = diffusion_rollout_config(config)
-        self.adapter = get_training_adapter(config.actor_rollout_ref.model.path)
+        self.adapter = get_model_adapter(config.actor_rollout_ref.model.path)
 
     def sampling_spec(self) -> dict[str, Any]:
         """The training :class:`SamplingSpec` (as a dict, seeds dropped) the actor replays this rollout with."""

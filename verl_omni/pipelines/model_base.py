@@ -18,7 +18,7 @@ Engines look the adapter up here; nothing in the trainer tests an architecture n
 
 Registration keeps no list (``docs/extending/model.md``): a built-in model is a package
 ``verl_omni/pipelines/<model>/`` whose ``training_adapter.py`` decorates its adapter with
-``@register_training_adapter("<architecture>")``; every such module is imported on the first lookup.
+``@register_model_adapter("<architecture>")``; every such module is imported on the first lookup.
 An out-of-tree model is an installed distribution with an entry point in the group
 :data:`ADAPTER_ENTRY_POINT_GROUP` named by the architecture, ``<architecture> = "<module>:<AdapterClass>"``,
 loaded on the first lookup of that architecture.
@@ -60,14 +60,14 @@ def _is_adapter_class(obj: object) -> bool:
     return inspect.isclass(obj) and issubclass(obj, ModelAdapter)
 
 
-TRAINING_ADAPTERS: Registry = Registry(
-    "training adapter",
+MODEL_ADAPTERS: Registry = Registry(
+    "model adapter",
     check=_is_adapter_class,
     discover=_import_builtin_adapters,
     entry_point_group=ADAPTER_ENTRY_POINT_GROUP,
     how_to_add=(
         f"Add a model as a package {PIPELINES_PACKAGE.replace('.', '/')}/<model>/ whose {ADAPTER_MODULE}.py "
-        "decorates a ModelAdapter subclass with @register_training_adapter('<architecture>'), or install a "
+        "decorates a ModelAdapter subclass with @register_model_adapter('<architecture>'), or install a "
         f"package declaring an entry point in group {ADAPTER_ENTRY_POINT_GROUP!r}: "
         "'<architecture> = \"<module>:<AdapterClass>\"' (docs/extending/model.md)."
     ),
@@ -262,7 +262,7 @@ class ModelAdapter:
         return to_rollout_lora(cls, tensors, peft_config)
 
 
-register_training_adapter = TRAINING_ADAPTERS.register
+register_model_adapter = MODEL_ADAPTERS.register
 
 
 def architecture_name(model_path: str | Path) -> str:
@@ -284,13 +284,13 @@ def architecture_name(model_path: str | Path) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def get_training_adapter(model_path: str | Path) -> type[ModelAdapter]:
+def get_model_adapter(model_path: str | Path) -> type[ModelAdapter]:
     """The adapter registered for the checkpoint at ``model_path`` (whether it serves the run's algorithm is
     checked by the config validation, ``verl_omni.algorithms.check_model_supports``).
 
     Cached: the agent loop builds one loop per sample and each asks for its adapter (a config read)."""
     try:
-        adapter = TRAINING_ADAPTERS.get(architecture_name(model_path))
+        adapter = MODEL_ADAPTERS.get(architecture_name(model_path))
     except ValueError as e:
         raise ValueError(f"model.path={model_path!s}: {e}") from None
     return adapter.for_checkpoint(model_path)

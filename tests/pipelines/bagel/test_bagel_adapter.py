@@ -9,12 +9,12 @@ from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter, bag
 
 
 def test_adapter_is_found_from_config_architectures(tmp_path):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BagelForConditionalGeneration"]}))
-    assert get_training_adapter(tmp_path) is BagelTrainingAdapter
+    assert get_model_adapter(tmp_path) is BagelTrainingAdapter
     with pytest.raises(FileNotFoundError, match="architectures"):
-        get_training_adapter(tmp_path / "missing")
+        get_model_adapter(tmp_path / "missing")
 
 
 def test_schedule_is_bagels_shifted_linspace_and_steps_resolve():

@@ -26,9 +26,9 @@ def transformer(tiny_wan):
 
 
 def test_registered_under_the_pipeline_class_with_the_vaes_multiples(tiny_wan):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
-    assert get_training_adapter(tiny_wan) is Wan22TrainingAdapter
+    assert get_model_adapter(tiny_wan) is Wan22TrainingAdapter
     vae = json.loads((tiny_wan / "vae" / "config.json").read_text())
     patch = json.loads((tiny_wan / "transformer" / "config.json").read_text())["patch_size"]
     assert Wan22TrainingAdapter.vae_scale_factor(tiny_wan) == vae["scale_factor_spatial"] == 16

@@ -73,7 +73,7 @@ def scenario(model_path: str, out_dir: Path) -> None:
     """The scenario on the ranks of the initialized default group; rank 0 writes ``out_dir/results.pt``."""
     from diffusers import QwenImageTransformer2DModel
 
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.pipelines.sampling import SamplingSpec
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -84,7 +84,7 @@ def scenario(model_path: str, out_dir: Path) -> None:
     # 1. one transformer in the process; its parameters: base + two LoRA adapters of equal size
     gc.collect()
     results["transformers"] = sum(isinstance(o, QwenImageTransformer2DModel) for o in gc.get_objects())
-    base = get_training_adapter(model_path).build_module(model_path)
+    base = get_model_adapter(model_path).build_module(model_path)
     results["base_params"] = sum(p.numel() for p in base.parameters())
     del base
     names = [n for n, _ in module.named_parameters()]

@@ -13,13 +13,13 @@ def test_diffusion_model_resolves_to_diffusers_fsdp_engine_on_cpu():
 
 
 def test_training_adapter_is_looked_up_from_model_index(tiny_qwen_image_path, tmp_path):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 
-    assert get_training_adapter(tiny_qwen_image_path) is QwenImageTrainingAdapter
+    assert get_model_adapter(tiny_qwen_image_path) is QwenImageTrainingAdapter
     (tmp_path / "model_index.json").write_text('{"_class_name": "NoSuchPipeline"}')
     with pytest.raises(ValueError, match="QwenImagePipeline"):
-        get_training_adapter(tmp_path)
+        get_model_adapter(tmp_path)
 
 
 def test_engine_rejects_fsdp1(tiny_qwen_image_path):

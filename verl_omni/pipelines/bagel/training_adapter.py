@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from verl_omni.pipelines.bagel.modeling import BagelForGeneration, Guidance
-from verl_omni.pipelines.model_base import ModelAdapter, register_training_adapter
+from verl_omni.pipelines.model_base import ModelAdapter, register_model_adapter
 
 DEFAULT_TIMESTEP_SHIFT = 3.0
 # CFG defaults of BAGEL's text-to-image; the text-CFG scale itself is the replay's ``true_cfg_scale``
@@ -81,7 +81,7 @@ def _rows(batch: Mapping[str, torch.Tensor], key: str) -> list[torch.Tensor]:
     return [row[m].long() for row, m in zip(ids, mask, strict=True)]
 
 
-@register_training_adapter("BagelForConditionalGeneration")
+@register_model_adapter("BagelForConditionalGeneration")
 class BagelTrainingAdapter(ModelAdapter):
     """Training adapter for BAGEL checkpoints (``config.json`` architecture ``BagelForConditionalGeneration``)."""
 

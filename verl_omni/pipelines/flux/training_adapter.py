@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS, DiffusersFlowMatchAdapter
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 
 
 def image_position_ids(grid_height: int, grid_width: int, device, dtype, index: int = 0) -> torch.Tensor:
@@ -30,7 +30,7 @@ def image_position_ids(grid_height: int, grid_width: int, device, dtype, index: 
     return torch.stack([torch.full_like(rows, index), rows, cols], dim=1).to(dtype)
 
 
-@register_training_adapter("FluxPipeline")
+@register_model_adapter("FluxPipeline")
 class FluxTrainingAdapter(DiffusersFlowMatchAdapter):
     """Training adapter for ``FluxPipeline`` checkpoints with a guidance embedding (FLUX.1-dev)."""
 

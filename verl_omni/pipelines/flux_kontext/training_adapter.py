@@ -17,13 +17,13 @@ import torch
 
 from verl_omni.pipelines.diffusers_adapter import source_grid_groups, with_source_tokens
 from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter, image_position_ids
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 
 # the source image tokens' first position id (the generated image's are 0)
 SOURCE_POSITION_INDEX = 1
 
 
-@register_training_adapter("FluxKontextPipeline")
+@register_model_adapter("FluxKontextPipeline")
 class FluxKontextTrainingAdapter(FluxTrainingAdapter):
     """Training adapter for ``FluxKontextPipeline`` checkpoints (FLUX.1-Kontext-dev: one source image per prompt)."""
 

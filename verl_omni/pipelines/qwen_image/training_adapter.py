@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import JOINT_ATTENTION_LORA_TARGETS
-from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW, ModelAdapter, register_training_adapter
+from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW, ModelAdapter, register_model_adapter
 
 
 @dataclass
@@ -38,7 +38,7 @@ def _embeds(batch, key: str) -> PromptEmbeds:
     return PromptEmbeds(batch[key], None if bool(mask.all()) else mask)
 
 
-@register_training_adapter("QwenImagePipeline")
+@register_model_adapter("QwenImagePipeline")
 class QwenImageTrainingAdapter(ModelAdapter):
     """Training adapter for ``QwenImagePipeline`` checkpoints (facts as class attributes, cf. diffusers)."""
 

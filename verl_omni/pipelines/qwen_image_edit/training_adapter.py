@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import source_grid_groups, with_source_tokens
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter, _embeds
 
 
-@register_training_adapter("QwenImageEditPipeline")
+@register_model_adapter("QwenImageEditPipeline")
 class QwenImageEditTrainingAdapter(QwenImageTrainingAdapter):
     """Training adapter for ``QwenImageEditPipeline`` checkpoints (one source image per prompt)."""
 

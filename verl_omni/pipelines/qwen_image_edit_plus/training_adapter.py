@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 from verl_omni.pipelines.qwen_image_edit.training_adapter import QwenImageEditTrainingAdapter
 
 # vLLM-Omni 0.26's limit of the Plus pipeline (QWEN_IMAGE_EDIT_PLUS_MAX_INPUT_IMAGES)
 MAX_SOURCE_IMAGES = 4
 
 
-@register_training_adapter("QwenImageEditPlusPipeline")
+@register_model_adapter("QwenImageEditPlusPipeline")
 class QwenImageEditPlusTrainingAdapter(QwenImageEditTrainingAdapter):
     """Training adapter for ``QwenImageEditPlusPipeline`` checkpoints (2509 / 2511: 1 to 4 source images)."""
 

@@ -23,10 +23,10 @@ from verl_omni.pipelines.diffusers_adapter import (
     pack_latents,
     unpack_latents,
 )
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 
 
-@register_training_adapter("StableDiffusion3Pipeline")
+@register_model_adapter("StableDiffusion3Pipeline")
 class SD3TrainingAdapter(DiffusersFlowMatchAdapter):
     """Training adapter for ``StableDiffusion3Pipeline`` checkpoints (SD3 Medium, SD3.5 Medium / Large)."""
 

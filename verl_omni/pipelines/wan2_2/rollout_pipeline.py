@@ -27,7 +27,7 @@ import torch
 from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline, build_wan_scheduler
 
 from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
-from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
@@ -50,7 +50,7 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix)
         # the TI2V-5B's adapter or the A14B's (two experts), as the trainer resolves it
-        self.adapter = get_training_adapter(od_config.model)
+        self.adapter = get_model_adapter(od_config.model)
         self._check_model_facts()
         # vLLM-Omni's single-step Euler scheduler (the stock default, UniPC, is a multistep solver)
         self.scheduler = build_wan_scheduler("euler", flow_shift(od_config.model))

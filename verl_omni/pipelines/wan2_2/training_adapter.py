@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter, classic_cfg
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 
 # UMT5 tokens the prompt embeddings are zero-padded to (vLLM-Omni's and diffusers' ``max_sequence_length``)
 TEXT_LENGTH = 512
@@ -47,7 +47,7 @@ def padded_text(embeds: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) ->
     return torch.nn.functional.pad(embeds, (0, 0, 0, TEXT_LENGTH - embeds.shape[1]))
 
 
-@register_training_adapter("WanPipeline")
+@register_model_adapter("WanPipeline")
 class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
     """Training adapter for ``WanPipeline`` text-to-video checkpoints with one transformer (Wan2.2 TI2V-5B)."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from verl_omni.pipelines.diffusers_adapter import DiffusersFlowMatchAdapter, pack_latents, unpack_latents
-from verl_omni.pipelines.model_base import register_training_adapter
+from verl_omni.pipelines.model_base import register_model_adapter
 
 # ZImagePipeline's defaults of its two CFG modifiers
 DEFAULT_CFG_NORMALIZATION = 0.0
@@ -81,7 +81,7 @@ def guided_velocity(
     return -torch.stack(preds).squeeze(2)
 
 
-@register_training_adapter("ZImagePipeline")
+@register_model_adapter("ZImagePipeline")
 class ZImageTrainingAdapter(DiffusersFlowMatchAdapter):
     """Training adapter for ``ZImagePipeline`` checkpoints (Z-Image, Z-Image-Turbo)."""
 

@@ -120,10 +120,10 @@ class DiffusionModelConfig(BaseConfig):
 
     @property
     def adapter(self):
-        """The checkpoint's model adapter (:func:`~verl_omni.pipelines.model_base.get_training_adapter`)."""
-        from verl_omni.pipelines.model_base import get_training_adapter
+        """The checkpoint's model adapter (:func:`~verl_omni.pipelines.model_base.get_model_adapter`)."""
+        from verl_omni.pipelines.model_base import get_model_adapter
 
-        return get_training_adapter(self.path)
+        return get_model_adapter(self.path)
 
     @cached_property
     def tokenizer(self):

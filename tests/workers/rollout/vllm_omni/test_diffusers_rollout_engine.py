@@ -59,9 +59,9 @@ def tiny_path(model_name, tiny_model):
 
 @pytest.fixture(scope="module")
 def adapter(tiny_path):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
-    return get_training_adapter(tiny_path)
+    return get_model_adapter(tiny_path)
 
 
 @pytest.fixture(scope="module")

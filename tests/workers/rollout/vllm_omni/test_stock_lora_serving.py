@@ -43,10 +43,10 @@ def lora_dir(tiny_path, tmp_path_factory):
     """A checkpoint's ``lora/`` directory of a random LoRA on the adapter's default targets."""
     from peft import LoraConfig
 
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, gather_lora_state_dict, save_lora_dir
 
-    adapter = get_training_adapter(tiny_path)
+    adapter = get_model_adapter(tiny_path)
     module = adapter.build_module(tiny_path)
     torch.manual_seed(0)
     module.add_adapter(

@@ -40,9 +40,9 @@ def tiny_path(tiny_model):
 
 @pytest.fixture(scope="module")
 def adapter(tiny_path):
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
-    return get_training_adapter(tiny_path)
+    return get_model_adapter(tiny_path)
 
 
 @pytest.fixture(scope="module")

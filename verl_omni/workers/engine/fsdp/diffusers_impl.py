@@ -44,7 +44,7 @@ from verl.utils.fsdp_utils import MixedPrecisionPolicy, apply_fsdp2
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
-from verl_omni.pipelines.model_base import SDE_WINDOW, get_training_adapter
+from verl_omni.pipelines.model_base import SDE_WINDOW, get_model_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
@@ -129,7 +129,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         if engine_config.ulysses_sequence_parallel_size != 1:
             raise ValueError("engine.ulysses_sequence_parallel_size must be 1 for diffusion models")
         super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
-        self.adapter = get_training_adapter(model_config.path)
+        self.adapter = get_model_adapter(model_config.path)
         self.vae_scale_factor = self.adapter.vae_scale_factor(model_config.path)
         self.scheduler = None
         # a second LoRA adapter holding the old policy (set by the worker from the algorithm's phases)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_omni.pipelines.model_base import get_training_adapter
+from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
 from verl_omni.pipelines.rollout_output import all_finite
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
@@ -204,7 +204,7 @@ class OmniRolloutEngine:
         self.model_path = model_path
         self.dtype = dtype
         self.max_batch_requests = max_batch_requests
-        adapter = get_training_adapter(model_path)
+        adapter = get_model_adapter(model_path)
         self.pipeline_class = custom_pipeline or adapter.rollout_pipeline
         self.adapter = adapter
         self.engine_start_timeout_s = engine_start_timeout_s

@@ -39,9 +39,9 @@ CPU_SERVER_NUM_CPUS = 1
 def _engine_dtype(config_dtype: str, model_path: str) -> str:
     """The dtype the model's pipeline requires (its adapter's ``rollout_dtype``), else fp32 on CPU (no bf16
     kernels worth using there) and the configured dtype on an accelerator."""
-    from verl_omni.pipelines.model_base import get_training_adapter
+    from verl_omni.pipelines.model_base import get_model_adapter
 
-    required = get_training_adapter(model_path).rollout_dtype
+    required = get_model_adapter(model_path).rollout_dtype
     if required is not None:
         return required
     return config_dtype if torch.cuda.is_available() else "float32"
