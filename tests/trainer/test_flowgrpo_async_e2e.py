@@ -21,7 +21,7 @@ import pytest
 from test_flowgrpo_e2e import cluster_actors, copy_of
 from trainer_helpers import LOGPROB_BOUND, by_step, lora_b_norm, run_trainer
 
-from verl_omni.trainer.flowgrpo import run_dir
+from verl_omni.trainer.diffusion import run_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -178,7 +178,7 @@ def test_algorithm_the_model_does_not_support_is_refused_before_ray_naming_both(
 def test_drop_zero_std_groups_from_the_command_line_reaches_the_trainer_and_the_actor(compose, algorithm, tmp_path):
     from verl_omni.trainer.config.preflight import check_config
     from verl_omni.trainer.config.validation import validate_config
-    from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.trainer.diffusion.ray_trainer import RayFlowGRPOTrainer
     from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
     nft = ["actor_rollout_ref.rollout.noise_level=0", "actor_rollout_ref.rollout.true_cfg_scale=1.0"]
@@ -205,8 +205,8 @@ def test_separate_async_mode_builds_its_trainer_and_refuses_a_bad_staleness_from
     from trainer_helpers import run_entry_point
 
     from verl_omni.trainer.config.validation import validate_config
-    from verl_omni.trainer.flowgrpo.async_mode import RayFlowGRPOSeparateAsyncTrainer, trainer_class
-    from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.trainer.diffusion.async_mode import RayFlowGRPOSeparateAsyncTrainer, trainer_class
+    from verl_omni.trainer.diffusion.ray_trainer import RayFlowGRPOTrainer
 
     configs = validate_config(compose(*ASYNC, "trainer.max_staleness=2"))
     assert (configs.trainer.trainer_mode, configs.trainer.max_staleness) == ("separate_async", 2)

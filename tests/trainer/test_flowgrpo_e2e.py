@@ -29,7 +29,7 @@ import pytest
 import torch
 from trainer_helpers import LOGPROB_BOUND, by_step, check_run, check_summary, lora_of, run_entry_point, run_trainer
 
-from verl_omni.trainer.flowgrpo import run_dir
+from verl_omni.trainer.diffusion import run_dir
 
 # a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

@@ -26,7 +26,7 @@ import torch
 from test_flowgrpo_e2e import STEPS, copy_of, killed_mid_save
 from trainer_helpers import LOGPROB_BOUND, by_step, image_of, run_trainer
 
-from verl_omni.trainer.flowgrpo import run_dir
+from verl_omni.trainer.diffusion import run_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -178,7 +178,7 @@ def test_the_ema_transformer_loads_in_diffusers_and_is_the_ema_of_the_base_and_e
 
 
 def test_the_summary_lines_load_the_trained_transformer_into_the_models_pipeline(full):
-    from verl_omni.trainer.flowgrpo.summary import SUMMARY_FILE, TRANSFORMER_HEADER
+    from verl_omni.trainer.diffusion.summary import SUMMARY_FILE, TRANSFORMER_HEADER
 
     run, _ = full
     lines = (run / SUMMARY_FILE).read_text().splitlines()

@@ -24,7 +24,7 @@ import math
 import pytest
 from trainer_helpers import LOGPROB_BOUND, PIPELINE_ARGS, check_run, check_summary, run_trainer
 
-from verl_omni.trainer.flowgrpo import run_dir
+from verl_omni.trainer.diffusion import run_dir
 
 # a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]

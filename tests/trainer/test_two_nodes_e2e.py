@@ -130,7 +130,7 @@ def test_a_cpu_layout_larger_than_the_cluster_is_refused_naming_the_keys(
     """A placement group that cannot fit waits forever: the trainer counts the run's logical CPUs first (one per
     rank, one per replica, the reward worker's)."""
     from verl_omni.trainer.config.validation import validate_config
-    from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup
+    from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
     from verl_omni.utils.config import compose_config
 
     class Layout(WorkerSetup):

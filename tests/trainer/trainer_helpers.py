@@ -190,7 +190,7 @@ def check_summary(run, model, steps: int) -> None:
     import torch
     from PIL import Image
 
-    from verl_omni.trainer.flowgrpo.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
+    from verl_omni.trainer.diffusion.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
 
     lines = (run / SUMMARY_FILE).read_text().splitlines()
     assert lines[0].startswith(f"Flow-GRPO run finished: {steps} of {steps} steps")

@@ -1,5 +1,5 @@
 """Validation videos: uint8 frames written as mp4 decode back to the same frames (within the codec's loss); the GIF
-encoder refuses what is not a video (what tensorboard reads of it: ``tests/trainer/flowgrpo/test_tracking.py``)."""
+encoder refuses what is not a video (what tensorboard reads of it: ``tests/trainer/diffusion/test_tracking.py``)."""
 
 import pytest
 import torch

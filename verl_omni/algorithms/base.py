@@ -198,7 +198,7 @@ class Algorithm:
 
     @classmethod
     def check(cls, configs) -> None:
-        """Cross-node rules of this algorithm (``configs``: ``FlowGRPOConfigs``), run before Ray starts.
+        """Cross-node rules of this algorithm (``configs``: ``RunConfigs``), run before Ray starts.
 
         Raise ``ValueError`` naming the dotted key; the base accepts everything.
         """

@@ -119,13 +119,13 @@ def run_flowgrpo(config: DictConfig) -> None:
     resolve_builtin_paths(config)
     check_resources(config)
     from verl_omni.trainer.config.validation import validate_config
-    from verl_omni.trainer.flowgrpo.run_dir import open_run_dir
+    from verl_omni.trainer.diffusion.run_dir import open_run_dir
 
     configs = validate_config(config)
     run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before the heavy imports
     import torch
 
-    from verl_omni.trainer.flowgrpo.async_mode import trainer_class
+    from verl_omni.trainer.diffusion.async_mode import trainer_class
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FlowGRPOConfigs:
+class RunConfigs:
     """The validated dataclasses of one run (the DictConfig stays the source for verl's code)."""
 
     actor: DiffusionActorConfig
@@ -66,7 +66,7 @@ def _node(config: DictConfig, key: str, dataclass_type: type | None = None):
         raise ValueError(f"{key}: {cause}") from e
 
 
-def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
+def _check_batches(config: DictConfig, configs: RunConfigs) -> None:
     n = configs.rollout.n
     if n < 2:
         raise ValueError(
@@ -96,7 +96,7 @@ def _check_batches(config: DictConfig, configs: FlowGRPOConfigs) -> None:
         ) from e
 
 
-def _check_phases(configs: FlowGRPOConfigs) -> None:
+def _check_phases(configs: RunConfigs) -> None:
     configs.algorithm_cls.check(configs)
     if configs.model.lora.rank == 0 and configs.model.adapter.rollout_weight_prefix is None:
         raise ValueError(
@@ -105,7 +105,7 @@ def _check_phases(configs: FlowGRPOConfigs) -> None:
         )
 
 
-def _check_merge_lora(configs: FlowGRPOConfigs) -> None:
+def _check_merge_lora(configs: RunConfigs) -> None:
     """The merged LoRA travels as full fine-tuning's buckets do: the model's rollout must take them."""
     if configs.model.lora.merge and configs.model.adapter.rollout_weight_prefix is None:
         raise ValueError(
@@ -115,7 +115,7 @@ def _check_merge_lora(configs: FlowGRPOConfigs) -> None:
         )
 
 
-def _check_ema(configs: FlowGRPOConfigs) -> None:
+def _check_ema(configs: RunConfigs) -> None:
     """The EMA of the weights averages the full transformer (``DiffusionActorConfig.ema_decay`` says why not a LoRA)."""
     if configs.actor.ema_decay > 0 and configs.model.lora.rank > 0:
         raise ValueError(
@@ -125,7 +125,7 @@ def _check_ema(configs: FlowGRPOConfigs) -> None:
         )
 
 
-def _check_model(configs: FlowGRPOConfigs) -> None:
+def _check_model(configs: RunConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
     # the sampling spec refuses what the model cannot honour (size multiple, guidance style, model_kwargs)
@@ -150,7 +150,7 @@ def _check_model(configs: FlowGRPOConfigs) -> None:
         )
 
 
-def _check_mode(configs: FlowGRPOConfigs) -> None:
+def _check_mode(configs: RunConfigs) -> None:
     """``separate_async``: the ratio's denominator is the sampling policy's log-prob, which the rollout records."""
     if configs.trainer.trainer_mode != "separate_async":
         return
@@ -184,9 +184,9 @@ def _check_reward_manager(config: DictConfig) -> None:
         raise ValueError(str(e)) from None
 
 
-def validate_config(config: DictConfig) -> FlowGRPOConfigs:
+def validate_config(config: DictConfig) -> RunConfigs:
     """Build and cross-check every node; raises ``ValueError`` naming the key at the first problem."""
-    configs = FlowGRPOConfigs(
+    configs = RunConfigs(
         trainer=_node(config, "trainer"),
         algorithm=algorithm_config_from(OmegaConf.select(config, "algorithm")),
         model=_node(config, "actor_rollout_ref.model"),

@@ -481,7 +481,7 @@ class DiffusersFSDPEngine(FSDPEngine):
             # the engine sees one checkpoint directory; the run directory's trainer prunes them all
             raise NotImplementedError(
                 "DiffusersFSDPEngine does not prune checkpoints; trainer.max_actor_ckpt_to_keep is applied by "
-                "verl_omni.trainer.flowgrpo.run_dir after each complete save"
+                "verl_omni.trainer.diffusion.run_dir after each complete save"
             )
         checkpoint.save(self, local_path, global_step)
 

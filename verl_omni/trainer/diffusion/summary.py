@@ -81,7 +81,7 @@ def read_run(metrics_file: Path) -> RunRecord:
 def _final(run_dir: Path, subdir: Path, marker: str) -> Path | None:
     """``subdir`` of the newest complete checkpoint holding ``subdir / marker`` (``run_dir.complete_steps``: a save
     cut off is not one)."""
-    from verl_omni.trainer.flowgrpo.run_dir import complete_steps, step_dir
+    from verl_omni.trainer.diffusion.run_dir import complete_steps, step_dir
 
     steps = [step for step in complete_steps(run_dir) if (step_dir(run_dir, step) / subdir / marker).is_file()]
     return step_dir(run_dir, max(steps)) / subdir if steps else None

@@ -35,7 +35,7 @@ def resumed_from(state: dict, count: int) -> list[list[int]]:
 def test_lookahead_checkpoint_resumes_where_the_sync_trainer_would_not_after_the_batches_drawn_ahead(ahead):
     """A run that drew ``ahead`` batches beyond the one it trained on saves the position the sync trainer saves
     after that batch (5 batches per epoch: also across an epoch boundary)."""
-    from verl_omni.trainer.flowgrpo.async_mode import Lookahead
+    from verl_omni.trainer.diffusion.async_mode import Lookahead
 
     reference = batches(loader())
     expected = [as_list(next(reference)) for _ in range(12)]

@@ -34,10 +34,10 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
-from verl_omni.trainer.config.validation import FlowGRPOConfigs
-from verl_omni.trainer.flowgrpo.run_dir import RunDir, open_run_dir
-from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until, log_image_grid, log_videos
-from verl_omni.trainer.flowgrpo.worker_setup import WorkerSetup
+from verl_omni.trainer.config.validation import RunConfigs
+from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
+from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
 from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
@@ -63,7 +63,7 @@ def _restore_info_logging() -> None:
 class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
 
-    def __init__(self, config: DictConfig, configs: FlowGRPOConfigs, run_dir: RunDir | None = None):
+    def __init__(self, config: DictConfig, configs: RunConfigs, run_dir: RunDir | None = None):
         """``run_dir``: what ``open_run_dir`` decided before Ray started (opened here when not given)."""
         # verl's __init__ builds a TransferQueue replay buffer; this trainer feeds the step directly
         self.config = config
@@ -387,7 +387,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def write_summary(self, interrupted: bool) -> None:
         """``summary.txt`` and ``reward_curve.png`` next to ``metrics.jsonl`` (``flowgrpo/summary.py``)."""
-        from verl_omni.trainer.flowgrpo.summary import write_summary
+        from verl_omni.trainer.diffusion.summary import write_summary
 
         model = self.configs.model
         write_summary(

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from verl_omni.trainer.flowgrpo.tracking import keep_metrics_until
+from verl_omni.trainer.diffusion.tracking import keep_metrics_until
 
 
 def test_keeps_steps_up_to_the_resumed_one_and_drops_later_ones(tmp_path):
@@ -34,7 +34,7 @@ def test_validation_videos_reach_tensorboard_as_animated_gifs(tmp_path, monkeypa
     from tensorboard.util import tensor_util
     from verl.utils.tracking import Tracking
 
-    from verl_omni.trainer.flowgrpo.tracking import log_videos
+    from verl_omni.trainer.diffusion.tracking import log_videos
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tensorboard"))
     tracker = Tracking(project_name="p", experiment_name="e", default_backend=["tensorboard"])

@@ -36,7 +36,7 @@ import torch
 from verl import DataProto
 from verl.trainer.ppo.v1.trainer_base import get_trainer_cls, register_trainer
 
-from verl_omni.trainer.flowgrpo.ray_trainer import RayFlowGRPOTrainer
+from verl_omni.trainer.diffusion.ray_trainer import RayFlowGRPOTrainer
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))

@@ -80,6 +80,6 @@ def _add_summary(writer, summary, step: int) -> None:
     if not hasattr(writer, "_get_file_writer"):
         raise RuntimeError(
             f"this torch ({torch.__version__}) SummaryWriter has no _get_file_writer: update "
-            "verl_omni/trainer/flowgrpo/tracking.py::_add_summary to its way of writing a Summary proto"
+            "verl_omni/trainer/diffusion/tracking.py::_add_summary to its way of writing a Summary proto"
         )
     writer._get_file_writer().add_summary(summary, step)

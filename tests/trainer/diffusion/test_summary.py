@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from verl_omni.trainer.flowgrpo.run_dir import RunDir
-from verl_omni.trainer.flowgrpo.summary import (
+from verl_omni.trainer.diffusion.run_dir import RunDir
+from verl_omni.trainer.diffusion.summary import (
     CURVE_FILE,
     DIFFUSERS_HEADER,
     SUMMARY_FILE,

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from verl_omni.trainer.config import FlowGRPOTrainerConfig
-from verl_omni.trainer.flowgrpo import run_dir
-from verl_omni.trainer.flowgrpo.run_dir import RunDirError, open_run_dir
+from verl_omni.trainer.diffusion import run_dir
+from verl_omni.trainer.diffusion.run_dir import RunDirError, open_run_dir
 
 
 def trainer(root, **keys) -> FlowGRPOTrainerConfig:
