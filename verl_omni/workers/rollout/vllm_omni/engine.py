@@ -441,6 +441,17 @@ class OmniRolloutEngine:
         of the rollout's transformer was written. Returns the first worker's ``{"buckets", "bytes", "params"}``."""
         return _raise_sync_errors(await self.collective_rpc("verl_omni_finish_weight_sync", version))[0]
 
+    async def load_weights(self, weights: dict[str, torch.Tensor], version: int = 0, bucket_bytes: int = 1 << 30):
+        """Replace the transformer's weights (diffusers names) with ``weights``: one checked sync of buckets, as the
+        trainer's full-weight payload sends them (used to set an engine's weights from a state dict directly)."""
+        from verl_omni.workers.rollout.weight_buckets import buckets_of
+
+        buckets = list(buckets_of(version, weights, bucket_bytes))
+        await self.begin_weight_sync(version, len(buckets))
+        for bucket in buckets:
+            await self.load_weight_bucket(bucket)
+        return await self.finish_weight_sync(version)
+
     async def clear_lora(self) -> None:
         """Stop using (and unload) the active adapter, if any."""
         if self.active_lora is not None:
