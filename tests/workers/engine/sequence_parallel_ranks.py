@@ -1,18 +1,20 @@
 """Two gloo ranks replaying one batch at sequence-parallel degree 1 (two data-parallel ranks) and 2 (one group).
 
-``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL MODEL_DIR OUT.pt``
+``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL MODEL_DIR OUT.pt [cuda]``
 
 ``MODEL`` is ``wan2_2`` or ``qwen_image`` (a tiny checkpoint in ``MODEL_DIR``). The batch (4 samples, a window of 2
 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank, each rank given its half
 as the worker would. At each degree the engine replays it forward-only (the log-probs, gathered in rank order),
 then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves a checkpoint that a
 degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
-``test_sequence_parallel.py``.
+``test_sequence_parallel.py`` (CPU: gloo, fp32) and ``test_sequence_parallel_gpu.py`` (``cuda``: a GPU per rank,
+NCCL, the engine's default bf16 compute).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,8 +22,13 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-SAMPLES, WINDOW, TEXT_DIM_KEYS = 4, 2, {"wan2_2": "text_dim", "qwen_image": "joint_attention_dim"}
-SIZE = {"wan2_2": dict(height=64, width=64, num_frames=5), "qwen_image": dict(height=64, width=32, num_frames=1)}
+SAMPLES, WINDOW = 4, 2
+TEXT_DIM_KEYS = {"wan2_2": "text_dim", "wan2_2_a14b": "text_dim", "qwen_image": "joint_attention_dim"}
+SIZE = {
+    "wan2_2": dict(height=64, width=64, num_frames=5),
+    "wan2_2_a14b": dict(height=32, width=32, num_frames=5),
+    "qwen_image": dict(height=64, width=32, num_frames=1),
+}
 
 
 def build_engine(model_path: str, degree: int):
@@ -48,14 +55,14 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     transformer = json.loads((Path(model_path) / "transformer" / "config.json").read_text())
     generator = torch.Generator().manual_seed(0)
     cells = engine.vae_scale_factor
-    if name == "wan2_2":
+    if name.startswith("wan2_2"):
         frames = (spec.num_frames - 1) // engine.adapter.frame_multiple + 1
         shape = (transformer["in_channels"], frames, spec.height // cells, spec.width // cells)
     else:
         shape = ((spec.height // (2 * cells)) * (spec.width // (2 * cells)), transformer["in_channels"])
     latents = torch.randn(SAMPLES, WINDOW + 1, *shape, generator=generator)
     prepare_scheduler(engine.adapter, engine.scheduler, spec, engine.adapter.schedule_seq_len(latents[:, 0]))
-    timesteps = engine.scheduler.timesteps[1 : 1 + WINDOW].float().expand(SAMPLES, WINDOW).clone()
+    timesteps = engine.scheduler.timesteps[:WINDOW].float().expand(SAMPLES, WINDOW).clone()
     text_dim = transformer[TEXT_DIM_KEYS[name]]
     batch = {"all_latents": latents, "all_timesteps": timesteps, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0])}
     # prompts of 5 tokens (two rows padded to 3 and 4) and negative prompts of 3: an odd length, masked padding
@@ -81,9 +88,11 @@ def replay(engine, local: dict, spec, train: bool) -> dict:
 
 
 def gather(t: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows in rank order, on the host (moved to this rank's GPU for NCCL)."""
+    t = t.to("cuda") if dist.get_backend() == "nccl" else t
     parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts)
+    return torch.cat(parts).cpu()
 
 
 def lora_grads(engine) -> dict[str, torch.Tensor | None]:
@@ -91,15 +100,17 @@ def lora_grads(engine) -> dict[str, torch.Tensor | None]:
     grads = {}
     for name, param in engine.module.named_parameters():
         if param.requires_grad:
-            grads[name] = None if param.grad is None else param.grad.full_tensor().detach().clone()
+            grads[name] = None if param.grad is None else param.grad.full_tensor().detach().cpu().clone()
     return grads
 
 
-def main(name: str, model_path: str, out_path: str) -> None:
+def main(name: str, model_path: str, out_path: str, device: str = "cpu") -> None:
     from verl_omni.pipelines.sampling import SamplingSpec
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = SamplingSpec(num_inference_steps=4, true_cfg_scale=4.0, sde_window_size=WINDOW, **SIZE[name])
     results: dict = {}
@@ -127,4 +138,4 @@ def main(name: str, model_path: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

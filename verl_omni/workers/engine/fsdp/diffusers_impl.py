@@ -25,6 +25,10 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   :meth:`weight_bucket`, :mod:`~verl_omni.workers.rollout.weight_buckets`);
 * with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
   frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`);
+* with ``actor.ulysses_sequence_parallel_size`` = sp > 1 (verl's key, refused for a model whose adapter does not
+  declare ``supports_sequence_parallel``): verl's ``(dp, sp)`` mesh; the ranks of a group pool their samples and
+  replay them together, each transformer split by the adapter (:mod:`verl_omni.pipelines.sequence_parallel`,
+  :mod:`.sequence_group`); FSDP still shards over every rank, so a checkpoint resumes at any degree;
 * with ``ema_decay`` > 0 set before :meth:`initialize` (full fine-tuning's ``actor.ema_decay``), an fp32 EMA of the
   trained transformer's local shards on the host, updated after each optimizer step, for validation and export
   (:mod:`.ema`).
@@ -50,7 +54,12 @@ from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
-from verl_omni.workers.engine.fsdp.sequence_group import check_sequence_parallel, gather_group_batch, own_rows
+from verl_omni.workers.engine.fsdp.sequence_group import (
+    agree_rng_state,
+    check_sequence_parallel,
+    gather_group_batch,
+    own_rows,
+)
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 from verl_omni.workers.utils.sample_mask import (
     SAMPLE_MASK_KEY,
@@ -326,7 +335,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         steps, so the accumulated gradient is that of the mean over the B local samples × S steps (FSDP then
         averages over ranks). When training on a batch with a ``sample_mask`` ``[B]`` the loss sees only the
         kept rows and is weighted so that the gradient is the mean over the mini-batch's kept samples of all
-        ranks (:mod:`~verl_omni.workers.utils.sample_mask`); every row is still replayed.
+        ranks (:mod:`~verl_omni.workers.utils.sample_mask`); every row is still replayed. With sequence
+        parallelism the batch is the group's pooled samples, each loss weighted sp times (a group's ranks hold
+        parts of one gradient, which FSDP averages over every rank), and each rank returns its own rows.
 
         Returns:
             the replay's per-step outputs stacked to ``[B, S, ...]`` (an SDE window: ``log_probs`` ``[B, S]``,
@@ -339,6 +350,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         if self.context_parallel_mesh is not None:
             # the group's ranks replay the samples of all of them, each on its slice of the tokens
             data, own = gather_group_batch(data, self.ulysses_parallel_group)
+            agree_rng_state(self.ulysses_parallel_group)
         replay = get_replay(data.get_non_tensor(ROLLOUT_RECORD_KEY, default=SDE_WINDOW))
         replay.check(data, spec, self.adapter)
         replay.prepare(self.adapter, self.scheduler, spec, data)

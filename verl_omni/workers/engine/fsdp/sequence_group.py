@@ -57,6 +57,16 @@ def gather_group_batch(data: TensorDict, group) -> tuple[TensorDict, slice]:
     return pooled, slice(start, start + sizes[rank])
 
 
+def agree_rng_state(group) -> None:
+    """Give every rank of ``group`` the random state of its first rank (host and accelerator): a replay that draws
+    noise for a sample (the forward-noised steps of an ODE record) must draw the same on every rank splitting it."""
+    states = [torch.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else None]
+    dist.broadcast_object_list(states, src=dist.get_global_rank(group, 0), group=group)
+    torch.set_rng_state(states[0])
+    if states[1] is not None:
+        torch.cuda.set_rng_state(states[1])
+
+
 def own_rows(outputs: dict[str, torch.Tensor], rows: slice) -> dict[str, torch.Tensor]:
     """This rank's rows of the group's replay outputs."""
     return {key: value[rows] for key, value in outputs.items()}
