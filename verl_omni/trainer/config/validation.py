@@ -150,6 +150,18 @@ def _check_model(configs: RunConfigs) -> None:
         )
 
 
+def _check_sequence_parallel(configs: RunConfigs) -> None:
+    """The replay's Ulysses degree against the model (can it split, its heads) and the GPUs of a node."""
+    from verl_omni.workers.engine.fsdp.sequence_group import check_sequence_parallel
+
+    check_sequence_parallel(
+        configs.model.adapter,
+        configs.model.path,
+        configs.actor.ulysses_sequence_parallel_size,
+        configs.trainer.n_gpus_per_node,
+    )
+
+
 def _check_mode(configs: RunConfigs) -> None:
     """``separate_async``: the ratio's denominator is the sampling policy's log-prob, which the rollout records."""
     if configs.trainer.trainer_mode != "separate_async":
@@ -203,6 +215,7 @@ def validate_config(config: DictConfig) -> RunConfigs:
     _check_ema(configs)
     _check_merge_lora(configs)
     _check_model(configs)
+    _check_sequence_parallel(configs)
     _check_mode(configs)
     # a forced weight transport fits the placement (a null device is checked again once resolved)
     weight_transport_for(configs.rollout.weight_transport, configs.trainer.colocate_rollout, configs.trainer.device)
