@@ -73,6 +73,9 @@ class FlowGRPOTrainerConfig(BaseConfig):
         preempt_grace_s (float): after a preemption signal, a step that has not reached the actor yet still
             finishes when it is expected to within this many seconds (else it is dropped and the step before it is
             checkpointed). Set it below the scheduler's grace minus a checkpoint's time. Default 0: never wait.
+        nan_policy (str): a NaN or Inf reward, advantage, loss or gradient norm: ``stop`` (raise naming the step and
+            the source, before the step's checkpoint) or ``skip_step`` (drop the step's update, log it, count it in
+            ``training/non_finite_steps_skipped``). Default ``stop``.
     """
 
     project_name: str = "verl_omni"
@@ -102,6 +105,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
     seed: int = 0
     preempt_signals: list = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
     preempt_grace_s: float = 0.0
+    nan_policy: str = "stop"
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)
@@ -139,6 +143,10 @@ class FlowGRPOTrainerConfig(BaseConfig):
             raise ValueError(f"trainer.preempt_grace_s must be a number of seconds >= 0, got {self.preempt_grace_s!r}")
         if self.preempt_grace_s < 0:
             raise ValueError(f"trainer.preempt_grace_s must be >= 0 seconds, got {self.preempt_grace_s}")
+        from verl_omni.trainer.diffusion.non_finite import NAN_POLICIES
+
+        if self.nan_policy not in NAN_POLICIES:
+            raise ValueError(f"trainer.nan_policy must be one of {NAN_POLICIES}, got {self.nan_policy!r}")
         if self.device not in (None, "cuda", "cpu"):
             raise ValueError(f"trainer.device must be 'cuda', 'cpu' or null (auto), got {self.device!r}")
         if self.resume_mode not in RESUME_MODES:

@@ -35,6 +35,7 @@ from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.trainer.config.validation import RunConfigs
+from verl_omni.trainer.diffusion import non_finite
 from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
@@ -105,6 +106,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._last_step_s: float | None = None
         self._step_started = time.monotonic()
         self._data_state_before_step: dict | None = None
+        # trainer.nan_policy (non_finite.py): why this step's update is dropped (None: it is not), and how many were
+        self._skip_update: str | None = None
+        self._non_finite_skipped = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
         # the summary's wall time counts from here: worker start-up is part of a run's time
@@ -207,12 +211,18 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if self.use_reference_policy:
             with self._phase("ref", timing_raw):
                 batch = self._compute_ref_log_prob(batch, metrics)
+        self._skip_update = None
+        self._check_rows("rm_scores", batch, f"the reward (scorers: {self._scorer_names()})")
         # 6. the algorithm's advantages
         with self._phase("adv", timing_raw):
             batch = self._compute_advantage(batch, metrics)
+        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
         # 7. the algorithm's update of the LoRA (or the full transformer)
         with self._phase("update_actor", timing_raw):
             batch = self._update_actor(batch, metrics)
+        if bad := non_finite.bad_update_metrics(metrics):
+            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
+        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
         # 8. the new weights to every rollout replica
         with self._phase("sync", timing_raw):
             self._sync_weights(metrics)
@@ -314,8 +324,31 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         )
         return batch
 
+    def _check_rows(self, key: str, batch: DataProto, source: str) -> None:
+        """``batch[key]`` finite in every sample, else ``trainer.nan_policy`` decides (:mod:`non_finite`)."""
+        if self._skip_update or key not in batch.batch.keys():
+            return
+        values = batch.batch[key]
+        if rows := non_finite.bad_rows(values):
+            self._non_finite(non_finite.describe_rows(key, values, batch.non_tensor_batch["uid"], rows, source))
+
+    def _non_finite(self, what: str) -> None:
+        """``stop``: raise naming the step and ``what``; ``skip_step``: the step's update is dropped, logged, counted."""
+        if self.configs.trainer.nan_policy == "stop":
+            raise non_finite.error(self.global_steps, what)
+        if self._skip_update is None:
+            self._non_finite_skipped += 1
+        self._skip_update = what
+        logger.warning("step %d: %s; its update is dropped (trainer.nan_policy=skip_step)", self.global_steps, what)
+
+    def _scorer_names(self) -> str:
+        return ", ".join(str(getattr(s, "type", s)) for s in self.configs.reward.scorers)
+
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error)."""
+        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
+        when the step's rewards or advantages are not finite under ``trainer.nan_policy=skip_step``."""
+        if self._skip_update:
+            return batch
         skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
         metrics["critic/score/zero_std_update_skipped"] = float(skip)
         if skip:
