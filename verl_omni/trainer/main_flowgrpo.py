@@ -129,17 +129,39 @@ def run_flowgrpo(config: DictConfig) -> None:
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
-    trainer.init()
+    # after ray.init, whose driver SIGTERM handler exits mid-step: a signal now asks for a checkpoint and a clean stop
+    trainer.preemption.install(list(configs.trainer.preempt_signals), on_force=run_dir.lock.release)
     from ray.exceptions import RayActorError
 
+    from verl_omni.trainer.diffusion.preemption import Preempted
+
+    trainer.init()
     try:
         trainer.fit()
+    except Preempted as stop:
+        stop_preempted(trainer, stop)
     except KeyboardInterrupt:
-        # Ctrl-C: what the run did so far, then stop as interrupted
+        # Ctrl-C with SIGINT left out of trainer.preempt_signals: what the run did so far, then stop as interrupted
         trainer.write_summary(interrupted=True)
         raise
     except RayActorError as e:  # a worker's process or node died: name it and where it ran
         raise RuntimeError(trainer.lost_worker_message(e)) from e
+
+
+def stop_preempted(trainer, stop) -> None:
+    """A preempted run's exit: the summary so far, the lock released, Ray shut down, :data:`EXIT_PREEMPTED`.
+
+    A second signal during this exits at once (``preemption.py``): nothing here writes a checkpoint.
+    """
+    import ray
+
+    from verl_omni.utils.exit_codes import EXIT_PREEMPTED
+
+    logger.warning("%s; exiting with status %d", stop, EXIT_PREEMPTED)
+    trainer.write_summary(interrupted=True)
+    trainer.run_dir.lock.release()
+    ray.shutdown()
+    raise SystemExit(EXIT_PREEMPTED)
 
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)

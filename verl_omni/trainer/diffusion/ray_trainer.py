@@ -35,6 +35,8 @@ from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.trainer.config.validation import RunConfigs
+from verl_omni.trainer.diffusion import non_finite
+from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
@@ -62,6 +64,10 @@ def _restore_info_logging() -> None:
 @register_trainer("flowgrpo")
 class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
+
+    # a preempted step may be dropped before the actor's phases (preemption.py): the dataloader's position before
+    # its batch is what the checkpoint of the previous step holds
+    can_abandon_step = True
 
     def __init__(self, config: DictConfig, configs: RunConfigs, run_dir: RunDir | None = None):
         """``run_dir``: what ``open_run_dir`` decided before Ray started (opened here when not given)."""
@@ -92,6 +98,17 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
         self.global_steps = 0
+        # a preemption signal's request (the entry point installs the handlers once Ray started); the step of the
+        # newest complete checkpoint (None: none yet), so that a preempted run does not save the same step twice
+        self.preemption = PreemptionRequest(configs.trainer.preempt_grace_s)
+        self._saved_step: int | None = None
+        # the previous step's wall time (None before the first), which decides whether a preempted step may finish
+        self._last_step_s: float | None = None
+        self._step_started = time.monotonic()
+        self._data_state_before_step: dict | None = None
+        # trainer.nan_policy (non_finite.py): why this step's update is dropped (None: it is not), and how many were
+        self._skip_update: str | None = None
+        self._non_finite_skipped = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
         # the summary's wall time counts from here: worker start-up is part of a run's time
@@ -127,6 +144,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def fit(self):
         """Train ``total_training_steps`` steps (from a resumed step when there is a checkpoint)."""
+        if self.preemption.requested:  # during the workers' start: nothing trained, nothing to save
+            raise Preempted(self.preemption.signame, self._saved_step)
         self.tracker = self._init_tracker()
         if self.configs.trainer.val_before_train and self.global_steps == 0:
             self.tracker.log(data=self._validate(), step=0)
@@ -134,22 +153,42 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.global_steps += 1
         batches = self._train_batches()
         while self.global_steps <= self.total_training_steps:
+            self._stop_if_preempted(self.global_steps - 1)
             is_last_step = self.global_steps == self.total_training_steps
             metrics, timing_raw = {}, {}
-            with marked_timer("step", timing_raw):
-                batch = self.step(next(batches), metrics, timing_raw)
-                if self._due(self.configs.trainer.save_freq, is_last_step):
-                    with self._phase("save_checkpoint", timing_raw):
-                        self._save_checkpoint()
-            if self._due(self.configs.trainer.test_freq, is_last_step):
+            self._step_started = time.monotonic()
+            if self.can_abandon_step:
+                self._data_state_before_step = self._dataloader_state()
+            try:
+                with marked_timer("step", timing_raw):
+                    batch = self.step(next(batches), metrics, timing_raw)
+                    if self._due(self.configs.trainer.save_freq, is_last_step):
+                        with self._phase("save_checkpoint", timing_raw):
+                            self._save_checkpoint()
+            except StepAbandoned:
+                self._stop_if_preempted(self.global_steps - 1, self._data_state_before_step)
+            if self._due(self.configs.trainer.test_freq, is_last_step) and not self.preemption.requested:
                 with self._phase("testing", timing_raw):
                     metrics.update(self._validate())
             self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
             self.tracker.log(data=metrics, step=self.global_steps)
             progress.update(1)
+            self._last_step_s = time.monotonic() - self._step_started
+            self._stop_if_preempted(self.global_steps)
             self.global_steps += 1
         progress.close()
         self.on_train_end()
+
+    def _stop_if_preempted(self, finished: int, data_state: dict | None = None) -> None:
+        """On a preemption request: checkpoint step ``finished`` (unless its checkpoint exists) and raise
+        :class:`Preempted`. ``data_state``: the dataloader's position after that step when it is not the current one.
+        """
+        if not self.preemption.requested:
+            return
+        if finished != self._saved_step:
+            self._save_checkpoint(step=finished, data_state=data_state)
+        self.tracker.finish()
+        raise Preempted(self.preemption.signame, self._saved_step)
 
     def step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
         """One step on one batch of prompts; each phase is one timed method call, gated by the algorithm."""
@@ -172,12 +211,18 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if self.use_reference_policy:
             with self._phase("ref", timing_raw):
                 batch = self._compute_ref_log_prob(batch, metrics)
+        self._skip_update = None
+        self._check_rows("rm_scores", batch, f"the reward (scorers: {self._scorer_names()})")
         # 6. the algorithm's advantages
         with self._phase("adv", timing_raw):
             batch = self._compute_advantage(batch, metrics)
+        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
         # 7. the algorithm's update of the LoRA (or the full transformer)
         with self._phase("update_actor", timing_raw):
             batch = self._update_actor(batch, metrics)
+        if bad := non_finite.bad_update_metrics(metrics):
+            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
+        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
         # 8. the new weights to every rollout replica
         with self._phase("sync", timing_raw):
             self._sync_weights(metrics)
@@ -279,8 +324,31 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         )
         return batch
 
+    def _check_rows(self, key: str, batch: DataProto, source: str) -> None:
+        """``batch[key]`` finite in every sample, else ``trainer.nan_policy`` decides (:mod:`non_finite`)."""
+        if self._skip_update or key not in batch.batch.keys():
+            return
+        values = batch.batch[key]
+        if rows := non_finite.bad_rows(values):
+            self._non_finite(non_finite.describe_rows(key, values, batch.non_tensor_batch["uid"], rows, source))
+
+    def _non_finite(self, what: str) -> None:
+        """``stop``: raise naming the step and ``what``; ``skip_step``: the step's update is dropped, logged, counted."""
+        if self.configs.trainer.nan_policy == "stop":
+            raise non_finite.error(self.global_steps, what)
+        if self._skip_update is None:
+            self._non_finite_skipped += 1
+        self._skip_update = what
+        logger.warning("step %d: %s; its update is dropped (trainer.nan_policy=skip_step)", self.global_steps, what)
+
+    def _scorer_names(self) -> str:
+        return ", ".join(str(getattr(s, "type", s)) for s in self.configs.reward.scorers)
+
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error)."""
+        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
+        when the step's rewards or advantages are not finite under ``trainer.nan_policy=skip_step``."""
+        if self._skip_update:
+            return batch
         skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
         metrics["critic/score/zero_std_update_skipped"] = float(skip)
         if skip:
@@ -402,27 +470,34 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     # ---- checkpoints -----------------------------------------------------------------------
 
-    def _save_checkpoint(self):
+    def _save_checkpoint(self, step: int | None = None, data_state: dict | None = None):
         """The actor's ranks and the dataloader state into ``global_step_<N>.partial``, then committed.
+
+        ``step`` (default: this one) and ``data_state`` (default: the dataloader's position now): a preempted
+        run saves the step before the one it dropped, with the position before that step's batch.
 
         verl's version writes ``global_step_<N>`` in place and the tracker right after: a kill
         mid-save leaves a checkpoint that resumes wrongly. Here the directory is renamed only when
         everything is written, then the tracker moves and ``max_actor_ckpt_to_keep`` prunes.
         """
-        partial = self.run_dir.begin_checkpoint(self.global_steps)
-        # blocks until every rank has written its files
-        self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, self.global_steps)
-        torch.save(self._dataloader_state(), partial / "data.pt")
-        path = self.run_dir.commit_checkpoint(self.global_steps, keep=self.configs.trainer.max_actor_ckpt_to_keep)
-        logger.info("checkpoint of step %d complete: %s", self.global_steps, path)
-        self.checkpoint_callback.on_save(
-            trainer=self, global_step=self.global_steps, checkpoint_dir=str(path), async_save=False
-        )
+        step = self.global_steps if step is None else step
+        partial = self.run_dir.begin_checkpoint(step)
+        try:
+            # blocks until every rank has written its files
+            self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, step)
+            torch.save(self._dataloader_state() if data_state is None else data_state, partial / "data.pt")
+        except (OSError, ray.exceptions.RayTaskError) as e:  # a full disk or an unwritable path, here or on a rank
+            raise self.run_dir.save_failed(step, e) from e
+        path = self.run_dir.commit_checkpoint(step, keep=self.configs.trainer.max_actor_ckpt_to_keep)
+        self._saved_step = step
+        logger.info("checkpoint of step %d complete: %s", step, path)
+        self.checkpoint_callback.on_save(trainer=self, global_step=step, checkpoint_dir=str(path), async_save=False)
 
     def _load_checkpoint(self):
         """Load the complete checkpoint ``open_run_dir`` chose (none: step 0), actor and dataloader."""
         target = self.run_dir.resume_from
         self.global_steps = self.run_dir.resume_step
+        self._saved_step = None if target is None else self.global_steps
         if target is None:
             logger.info("a new run in %s", self.local_dir)
             return
@@ -450,7 +525,15 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     @contextmanager
     def _phase(self, name: str, timing_raw: dict):
-        """``marked_timer`` plus a progress line (phases take minutes on large models)."""
+        """``marked_timer`` plus a progress line (phases take minutes on large models); a preempted step may be
+        dropped here, before one of its phases (:meth:`PreemptionRequest.abandon_before`)."""
+        if self.can_abandon_step and self.preemption.abandon_before(
+            name, time.monotonic() - self._step_started, self._last_step_s
+        ):
+            logger.warning(
+                "step %d dropped before %s: preempted by %s", self.global_steps, name, self.preemption.signame
+            )
+            raise StepAbandoned(name)
         logger.info("step %d/%d: %s", self.global_steps, self.total_training_steps, name)
         start = time.perf_counter()
         with marked_timer(name, timing_raw):
