@@ -47,7 +47,8 @@ class AWMConfig(AlgorithmConfig):
             the T steps (the noisiest end), in (0, 1].
         num_train_steps (int): schedule steps trained on per mini-batch, one drawn from each of that many equal
             strata of the allowed steps (at most their number), >= 1.
-        weighting (str): w(σ), one of :data:`WEIGHTINGS`.
+        weighting (str): w(σ) of the matching error: ``uniform`` (1), ``sigma`` (σ), ``sigma_squared`` (σ²) or
+            ``ghuber`` (the generalized Huber ((m + δ)^p − δ^p)·σ/p of the per-sample error m).
         ghuber_power (float): p of the ``ghuber`` weighting, in (0, 1].
     """
 
