@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from verl.base_config import BaseConfig
 
+from verl_omni.trainer.config.watchdog import WatchdogConfig
+
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
 # verl's ``trainer.v1.trainer_mode`` names: sync (generate, then train) and separate_async (generation of the next
@@ -67,6 +69,9 @@ class FlowGRPOTrainerConfig(BaseConfig):
         max_staleness (int): ``separate_async``: how many updates a batch's sampling weights may lag the
             policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
             k-1's update); also how many generations run ahead of training. Ignored by ``sync``.
+        watchdog (WatchdogConfig): how long each phase (engine start, generation, reward, actor replay and update,
+            weight sync, checkpoint, validation) may go without finishing before the run fails naming it
+            (:class:`~verl_omni.trainer.config.watchdog.WatchdogConfig`; ``docs/guide/training.md``, "Stalls").
     """
 
     project_name: str = "verl_omni"
@@ -94,6 +99,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
     trainer_mode: str = "sync"
     max_staleness: int = 1
     seed: int = 0
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)

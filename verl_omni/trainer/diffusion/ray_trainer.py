@@ -37,6 +37,7 @@ from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.trainer.config.validation import RunConfigs
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.trainer.diffusion.watchdog import PhaseWatchdog
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
@@ -94,6 +95,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.global_steps = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
+        # a phase that does not finish within its trainer.watchdog limit fails the run naming it (watchdog.py)
+        self.watchdog = PhaseWatchdog(configs.trainer.watchdog, self.phase_workers)
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -103,7 +106,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._check_device_layout()
         self._init_tokenizer()
         self._init_dataloader()
-        self._start_workers()
+        with self.watchdog.phase("engine_start"):
+            self._start_workers()
         # built once: every sync of the run goes through it (the transport and payload the config names)
         self.weight_sync = RolloutWeightSync.from_configs(
             self.actor_rollout_wg,
@@ -129,7 +133,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         """Train ``total_training_steps`` steps (from a resumed step when there is a checkpoint)."""
         self.tracker = self._init_tracker()
         if self.configs.trainer.val_before_train and self.global_steps == 0:
-            self.tracker.log(data=self._validate(), step=0)
+            with self.watchdog.phase("testing", 0):
+                self.tracker.log(data=self._validate(), step=0)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Flow-GRPO steps")
         self.global_steps += 1
         batches = self._train_batches()
@@ -450,9 +455,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     @contextmanager
     def _phase(self, name: str, timing_raw: dict):
-        """``marked_timer`` plus a progress line (phases take minutes on large models)."""
+        """``marked_timer`` plus a progress line (phases take minutes on large models), bounded by the watchdog."""
         logger.info("step %d/%d: %s", self.global_steps, self.total_training_steps, name)
         start = time.perf_counter()
-        with marked_timer(name, timing_raw):
+        with self.watchdog.phase(name, self.global_steps), marked_timer(name, timing_raw):
             yield
         logger.info("step %d: %s done in %.1f s", self.global_steps, name, time.perf_counter() - start)

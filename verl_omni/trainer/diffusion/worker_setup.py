@@ -32,6 +32,19 @@ def _where(_actor) -> tuple[str, str]:
     return context.get_actor_id(), f"node {context.get_node_id()} ({ray.util.get_node_ip_address()})"
 
 
+# which of the placed workers (``worker_placement``'s names) each phase of a step waits on
+PHASE_WORKERS = {
+    "gen": ("replica", "agent-loop worker", "request balancer", "reward worker"),
+    "testing": ("replica", "agent-loop worker", "request balancer", "reward worker"),
+    "reward": ("reward worker",),
+    "old_log_prob": ("actor rank",),
+    "ref": ("actor rank",),
+    "update_actor": ("actor rank",),
+    "save_checkpoint": ("actor rank",),
+    "sync": ("actor rank", "replica"),
+}
+
+
 class WorkerSetup:
     """The trainer's start-up steps (see the module docstring)."""
 
@@ -162,6 +175,15 @@ class WorkerSetup:
             actor_id: f"{name} on {node}" for name, (actor_id, node) in zip(workers, found, strict=True)
         }
         logger.info("placement: %s", ", ".join(self.worker_placement.values()))
+
+    def phase_workers(self, phase: str) -> str:
+        """The workers ``phase`` waits on, with their nodes once placed (the watchdog's report of a stalled phase)."""
+        kinds = PHASE_WORKERS.get(phase)
+        placement = getattr(self, "worker_placement", None)
+        if kinds is None or placement is None:
+            return "the actor ranks, rollout replicas, reward and agent-loop workers as they start"
+        named = [where for where in placement.values() if where.startswith(kinds)]
+        return ", ".join(named) or ", ".join(kinds)
 
     def lost_worker_message(self, error) -> str:
         """The error of a run whose Ray worker died or became unreachable (``RayActorError``): which worker, on
