@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import ray
@@ -20,6 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_sampler
 from verl.utils.dataset.rl_dataset import collate_fn
 
+from verl_omni.utils.background import run_beside
 from verl_omni.utils.dataset.prompt_dataset import create_prompt_dataset
 
 logger = logging.getLogger(__name__)
@@ -146,18 +146,18 @@ class WorkerSetup:
         """
         # the pool object only (its placement groups come with the worker group): the reward manager takes it
         self.resource_pool = self._actor_resource_pool()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor_start") as pool:
-            actor = None if self.colocate else pool.submit(self._init_actor)
-            if actor is None:
-                self._init_actor()
-                if self.device != "cpu":
-                    self._actor_loaded()
-            elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
-                actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
-            self._init_reward()
-            self._init_rollout()
-            if actor is not None:
-                actor.result()
+        # a daemon thread: a start stuck for good must not keep the watchdog's error, or the exit, waiting on it
+        actor = None if self.colocate else run_beside(self._init_actor, "actor_start")
+        if actor is None:
+            self._init_actor()
+            if self.device != "cpu":
+                self._actor_loaded()
+        elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
+            actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
+        self._init_reward()
+        self._init_rollout()
+        if actor is not None:
+            actor.result()
         self._actor_loaded()
         self._log_placement()
 
