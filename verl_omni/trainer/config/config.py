@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from verl.base_config import BaseConfig
 
+from verl_omni.trainer.config.watchdog import WatchdogConfig
+
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
 # verl's ``trainer.v1.trainer_mode`` names: sync (generate, then train) and separate_async (generation of the next
@@ -76,6 +78,9 @@ class FlowGRPOTrainerConfig(BaseConfig):
         nan_policy (str): a NaN or Inf reward, advantage, loss or gradient norm: ``stop`` (raise naming the step and
             the source, before the step's checkpoint) or ``skip_step`` (drop the step's update, log it, count it in
             ``training/non_finite_steps_skipped``). Default ``stop``.
+        watchdog (WatchdogConfig): how long each phase (engine start, generation, reward, actor replay and update,
+            weight sync, checkpoint, validation) may go without finishing before the run fails naming it
+            (:class:`~verl_omni.trainer.config.watchdog.WatchdogConfig`; ``docs/guide/training.md``, "Stalls").
     """
 
     project_name: str = "verl_omni"
@@ -106,6 +111,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
     preempt_signals: list = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
     preempt_grace_s: float = 0.0
     nan_policy: str = "stop"
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)

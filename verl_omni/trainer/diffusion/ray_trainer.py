@@ -39,6 +39,7 @@ from verl_omni.trainer.diffusion import non_finite
 from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.trainer.diffusion.watchdog import PhaseWatchdog
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.video import write_mp4
@@ -111,6 +112,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._non_finite_skipped = 0
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
+        # a phase that does not finish within its trainer.watchdog limit fails the run naming it (watchdog.py)
+        self.watchdog = PhaseWatchdog(configs.trainer.watchdog, self.phase_workers)
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -120,7 +123,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._check_device_layout()
         self._init_tokenizer()
         self._init_dataloader()
-        self._start_workers()
+        with self.watchdog.phase("engine_start"):
+            self._start_workers()
         # built once: every sync of the run goes through it (the transport and payload the config names)
         self.weight_sync = RolloutWeightSync.from_configs(
             self.actor_rollout_wg,
@@ -148,7 +152,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             raise Preempted(self.preemption.signame, self._saved_step)
         self.tracker = self._init_tracker()
         if self.configs.trainer.val_before_train and self.global_steps == 0:
-            self.tracker.log(data=self._validate(), step=0)
+            with self.watchdog.phase("testing", 0):
+                self.tracker.log(data=self._validate(), step=0)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Flow-GRPO steps")
         self.global_steps += 1
         batches = self._train_batches()
@@ -526,7 +531,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     @contextmanager
     def _phase(self, name: str, timing_raw: dict):
         """``marked_timer`` plus a progress line (phases take minutes on large models); a preempted step may be
-        dropped here, before one of its phases (:meth:`PreemptionRequest.abandon_before`)."""
+        dropped here, before one of its phases (:meth:`PreemptionRequest.abandon_before`); bounded by the watchdog."""
         if self.can_abandon_step and self.preemption.abandon_before(
             name, time.monotonic() - self._step_started, self._last_step_s
         ):
@@ -536,6 +541,6 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             raise StepAbandoned(name)
         logger.info("step %d/%d: %s", self.global_steps, self.total_training_steps, name)
         start = time.perf_counter()
-        with marked_timer(name, timing_raw):
+        with self.watchdog.phase(name, self.global_steps), marked_timer(name, timing_raw):
             yield
         logger.info("step %d: %s done in %.1f s", self.global_steps, name, time.perf_counter() - start)
