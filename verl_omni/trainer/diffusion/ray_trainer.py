@@ -34,11 +34,13 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
+from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_advantage_metrics
 from verl_omni.trainer.config.validation import RunConfigs
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.utils.reward_score.multi import EXTRA_INFO_PREFIX
 from verl_omni.utils.video import write_mp4
 from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
@@ -261,8 +263,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
         scores = batch.batch["rm_scores"].float()
         uids = batch.non_tensor_batch["uid"]
-        batch.batch["advantages"] = self.algorithm.compute_advantage(scores, uids, self.configs.algorithm)
-        zero_std, zero_std_frac = zero_std_groups(scores, uids)
+        advantage_scores = self._advantage_scores(batch, scores, metrics)
+        batch.batch["advantages"] = self.algorithm.compute_advantage(advantage_scores, uids, self.configs.algorithm)
+        zero_std, zero_std_frac = zero_std_groups(advantage_scores, uids)
         if self.drop_zero_std_groups:
             batch.batch[SAMPLE_MASK_KEY] = ~zero_std.cpu()
         metrics.update(
@@ -278,6 +281,19 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             }
         )
         return batch
+
+    def _advantage_scores(self, batch: DataProto, scores: torch.Tensor, metrics: dict) -> torch.Tensor:
+        """The score the algorithm's group advantage reads: the combined reward (``sum``), or GDPO's weighted
+        mean of each scorer's group-normalised reward (``gdpo``, with per-scorer metrics)."""
+        if self.configs.algorithm.reward_normalization != "gdpo":
+            return scores
+        scorers = self.configs.reward.scorers
+        per_scorer = {s.label: batch.non_tensor_batch[EXTRA_INFO_PREFIX + s.label] for s in scorers}
+        combined, normalized = gdpo_scores(
+            per_scorer, {s.label: s.weight for s in scorers}, batch.non_tensor_batch["uid"]
+        )
+        metrics.update(per_scorer_advantage_metrics(normalized, batch.non_tensor_batch["uid"]))
+        return combined.to(scores.device)
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
         """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error)."""
