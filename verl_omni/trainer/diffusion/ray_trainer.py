@@ -36,9 +36,11 @@ from verl.utils.tracking import Tracking
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_advantage_metrics
 from verl_omni.trainer.config.validation import RunConfigs
-from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
+from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop, RewardGuard
+from verl_omni.trainer.diffusion.run_dir import RunDir, complete_steps, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
+from verl_omni.utils.dataset.prompt_dataset import prompt_text
 from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.reward_score.multi import EXTRA_INFO_PREFIX
 from verl_omni.utils.video import write_mp4
@@ -94,6 +96,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
         self.global_steps = 0
+        # held-out scorers and image statistics at each validation (docs/guide/rewards.md, "Reward-hacking guard")
+        self.guard = RewardGuard(configs.guard) if configs.guard.enabled else None
+        self.guard_alarm: GuardAlarm | None = None
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
         # the summary's wall time counts from here: worker start-up is part of a run's time
@@ -148,6 +153,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
                     metrics.update(self._validate())
             self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
             self.tracker.log(data=metrics, step=self.global_steps)
+            if self.guard_alarm is not None:
+                self._guard_fired(self.guard_alarm)
             progress.update(1)
             self.global_steps += 1
         progress.close()
@@ -330,13 +337,14 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             return self._validation_samples()
 
     def _validation_samples(self) -> dict[str, float]:
-        images, scores = [], []
+        images, scores, prompts = [], [], []
         for batch_dict in self.val_dataloader:
             batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
             if "rm_scores" not in batch.batch.keys():
                 batch = self._compute_reward(batch, {})
             images.append(batch.batch["responses"])
             scores.append(batch.batch["rm_scores"].float())
+            prompts.extend(prompt_text(p, "raw_prompt") for p in batch.non_tensor_batch["raw_prompt"])
         images, scores = torch.cat(images), torch.cat(scores)
         shown = images[: self.configs.trainer.val_grid_images]
         path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
@@ -345,11 +353,32 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if shown.ndim == 5:
             self._save_videos(shown)
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
-        return {
+        metrics = {
             "val/score/mean": scores.mean().item(),
             "val/score/max": scores.max().item(),
             "val/score/min": scores.min().item(),
         }
+        if self.guard is not None:
+            guard_metrics, self.guard_alarm = self.guard.observe(
+                self.global_steps, images, prompts, scores.mean().item()
+            )
+            metrics.update(guard_metrics)
+        return metrics
+
+    def _guard_fired(self, alarm: GuardAlarm) -> None:
+        """``reward.guard.action``: ``warn`` logs the reason and goes on; ``stop`` saves a checkpoint of this step,
+        writes the reason into the summary and raises :class:`GuardStop` (``main_flowgrpo`` exits with status 3)."""
+        self.guard_alarm = None
+        if self.configs.guard.action == "warn":
+            logger.warning("%s; going on (reward.guard.action=warn)", alarm.reason())
+            return
+        logger.error("%s; stopping (reward.guard.action=stop)", alarm.reason())
+        if self.global_steps not in complete_steps(self.local_dir):
+            self._save_checkpoint()
+        self.weight_sync.close()
+        self.tracker.finish()
+        self.write_summary(interrupted=False, stop_reason=alarm.reason())
+        raise GuardStop(alarm)
 
     def _save_videos(self, videos: torch.Tensor) -> None:
         """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
@@ -401,7 +430,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.tracker.finish()
         self.write_summary(interrupted=False)
 
-    def write_summary(self, interrupted: bool) -> None:
+    def write_summary(self, interrupted: bool, stop_reason: str | None = None) -> None:
         """``summary.txt`` and ``reward_curve.png`` next to ``metrics.jsonl`` (``flowgrpo/summary.py``)."""
         from verl_omni.trainer.diffusion.summary import write_summary
 
@@ -414,6 +443,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             model.adapter.lora_file_pipeline,
             algorithm=self.algorithm.display_name(),
             interrupted=interrupted,
+            stop_reason=stop_reason,
         )
 
     # ---- checkpoints -----------------------------------------------------------------------
