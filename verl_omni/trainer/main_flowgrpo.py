@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -126,6 +127,8 @@ def run_flowgrpo(config: DictConfig) -> None:
     import torch
 
     from verl_omni.trainer.diffusion.async_mode import trainer_class
+    from verl_omni.trainer.diffusion.reward_guard import GuardStop
+    from verl_omni.utils.exit_codes import EXIT_GUARD_STOP
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
@@ -146,6 +149,9 @@ def run_flowgrpo(config: DictConfig) -> None:
         raise
     except RayActorError as e:  # a worker's process or node died: name it and where it ran
         raise RuntimeError(trainer.lost_worker_message(e)) from e
+    except GuardStop as stop:  # a deliberate stop, told apart from a crash by its exit status
+        print(stop, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_GUARD_STOP) from None
 
 
 def stop_preempted(trainer, stop) -> None:

@@ -15,6 +15,10 @@ import signal
 # "terminated", not "error") stays right, and it is unlike 1 (an error) or any small code a guard may use.
 EXIT_PREEMPTED = 128 + signal.SIGTERM
 
+# the reward-hacking guard stopped the run (reward.guard.action=stop): a checkpoint of the step it fired at and the
+# reason (scorer, best, now, step) in the summary; the run learned to fool its reward, so resuming is not the fix
+EXIT_GUARD_STOP = 3
+
 
 # a second preemption signal ended the run at once, without waiting for a checkpoint: 137 is 128 + SIGKILL, what a
 # scheduler reports when its grace ran out, which is what this stands for. No checkpoint is left half-written (a

@@ -8,7 +8,7 @@ and endpoints a run reads are checked by the preflight (``preflight.py``), which
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
@@ -25,6 +25,7 @@ from verl_omni.trainer.config.config import FlowGRPOTrainerConfig
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.model import DiffusionModelConfig
 from verl_omni.workers.config.reward import DiffusionRewardConfig
+from verl_omni.workers.config.reward_guard import RewardGuardConfig
 from verl_omni.workers.config.rollout import DiffusionRolloutConfig, weight_transport_for
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class RunConfigs:
     reward: DiffusionRewardConfig
     algorithm: AlgorithmConfig
     trainer: FlowGRPOTrainerConfig
+    guard: RewardGuardConfig = field(default_factory=RewardGuardConfig)
 
     @property
     def algorithm_cls(self) -> type[Algorithm]:
@@ -64,6 +66,15 @@ def _node(config: DictConfig, key: str, dataclass_type: type | None = None):
     except Exception as e:  # hydra wraps the dataclass' ValueError in InstantiationException
         cause = e.__cause__ if e.__cause__ is not None and "Error in call to target" in str(e) else e
         raise ValueError(f"{key}: {cause}") from e
+
+
+def _guard_node(config: DictConfig) -> RewardGuardConfig:
+    """``reward.guard`` (absent: the guard off), with the dotted key in front of its errors."""
+    try:
+        return RewardGuardConfig.from_config(OmegaConf.select(config, "reward.guard"))
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith("reward.guard") else f"reward.guard: {message}") from None
 
 
 def _check_batches(config: DictConfig, configs: RunConfigs) -> None:
@@ -205,6 +216,7 @@ def validate_config(config: DictConfig) -> RunConfigs:
         actor=_node(config, "actor_rollout_ref.actor"),
         rollout=_node(config, "actor_rollout_ref.rollout"),
         reward=_node(config, "reward.diffusion", DiffusionRewardConfig),
+        guard=_guard_node(config),
     )
     # the algorithm x model pairing first: the algorithm's own rules may not even apply to a model that cannot run it
     check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)

@@ -34,14 +34,18 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
+from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_advantage_metrics
 from verl_omni.trainer.config.validation import RunConfigs
 from verl_omni.trainer.diffusion import non_finite
 from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
-from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
+from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop, RewardGuard
+from verl_omni.trainer.diffusion.run_dir import RunDir, complete_steps, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
 from verl_omni.trainer.diffusion.watchdog import PhaseWatchdog
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
+from verl_omni.utils.dataset.prompt_dataset import prompt_text
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.utils.reward_score.multi import EXTRA_INFO_PREFIX
 from verl_omni.utils.video import write_mp4
 from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
@@ -110,6 +114,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         # trainer.nan_policy (non_finite.py): why this step's update is dropped (None: it is not), and how many were
         self._skip_update: str | None = None
         self._non_finite_skipped = 0
+        # held-out scorers and image statistics at each validation (docs/guide/rewards.md, "Reward-hacking guard")
+        self.guard = RewardGuard(configs.guard) if configs.guard.enabled else None
+        self.guard_alarm: GuardAlarm | None = None
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
         # a phase that does not finish within its trainer.watchdog limit fails the run naming it (watchdog.py)
@@ -177,6 +184,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
                     metrics.update(self._validate())
             self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
             self.tracker.log(data=metrics, step=self.global_steps)
+            if self.guard_alarm is not None:
+                self._guard_fired(self.guard_alarm)
             progress.update(1)
             self._last_step_s = time.monotonic() - self._step_started
             self._stop_if_preempted(self.global_steps)
@@ -311,8 +320,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
         scores = batch.batch["rm_scores"].float()
         uids = batch.non_tensor_batch["uid"]
-        batch.batch["advantages"] = self.algorithm.compute_advantage(scores, uids, self.configs.algorithm)
-        zero_std, zero_std_frac = zero_std_groups(scores, uids)
+        advantage_scores = self._advantage_scores(batch, scores, metrics)
+        batch.batch["advantages"] = self.algorithm.compute_advantage(advantage_scores, uids, self.configs.algorithm)
+        zero_std, zero_std_frac = zero_std_groups(advantage_scores, uids)
         if self.drop_zero_std_groups:
             batch.batch[SAMPLE_MASK_KEY] = ~zero_std.cpu()
         metrics.update(
@@ -348,6 +358,19 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def _scorer_names(self) -> str:
         return ", ".join(str(getattr(s, "type", s)) for s in self.configs.reward.scorers)
+
+    def _advantage_scores(self, batch: DataProto, scores: torch.Tensor, metrics: dict) -> torch.Tensor:
+        """The score the algorithm's group advantage reads: the combined reward (``sum``), or GDPO's weighted
+        mean of each scorer's group-normalised reward (``gdpo``, with per-scorer metrics)."""
+        if self.configs.algorithm.reward_normalization != "gdpo":
+            return scores
+        scorers = self.configs.reward.scorers
+        per_scorer = {s.label: batch.non_tensor_batch[EXTRA_INFO_PREFIX + s.label] for s in scorers}
+        combined, normalized = gdpo_scores(
+            per_scorer, {s.label: s.weight for s in scorers}, batch.non_tensor_batch["uid"]
+        )
+        metrics.update(per_scorer_advantage_metrics(normalized, batch.non_tensor_batch["uid"]))
+        return combined.to(scores.device)
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
         """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
@@ -387,13 +410,14 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             return self._validation_samples()
 
     def _validation_samples(self) -> dict[str, float]:
-        images, scores = [], []
+        images, scores, prompts = [], [], []
         for batch_dict in self.val_dataloader:
             batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
             if "rm_scores" not in batch.batch.keys():
                 batch = self._compute_reward(batch, {})
             images.append(batch.batch["responses"])
             scores.append(batch.batch["rm_scores"].float())
+            prompts.extend(prompt_text(p, "raw_prompt") for p in batch.non_tensor_batch["raw_prompt"])
         images, scores = torch.cat(images), torch.cat(scores)
         shown = images[: self.configs.trainer.val_grid_images]
         path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
@@ -402,11 +426,32 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if shown.ndim == 5:
             self._save_videos(shown)
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
-        return {
+        metrics = {
             "val/score/mean": scores.mean().item(),
             "val/score/max": scores.max().item(),
             "val/score/min": scores.min().item(),
         }
+        if self.guard is not None:
+            guard_metrics, self.guard_alarm = self.guard.observe(
+                self.global_steps, images, prompts, scores.mean().item()
+            )
+            metrics.update(guard_metrics)
+        return metrics
+
+    def _guard_fired(self, alarm: GuardAlarm) -> None:
+        """``reward.guard.action``: ``warn`` logs the reason and goes on; ``stop`` saves a checkpoint of this step,
+        writes the reason into the summary and raises :class:`GuardStop` (``main_flowgrpo`` exits with status 3)."""
+        self.guard_alarm = None
+        if self.configs.guard.action == "warn":
+            logger.warning("%s; going on (reward.guard.action=warn)", alarm.reason())
+            return
+        logger.error("%s; stopping (reward.guard.action=stop)", alarm.reason())
+        if self.global_steps not in complete_steps(self.local_dir):
+            self._save_checkpoint()
+        self.weight_sync.close()
+        self.tracker.finish()
+        self.write_summary(interrupted=False, stop_reason=alarm.reason())
+        raise GuardStop(alarm)
 
     def _save_videos(self, videos: torch.Tensor) -> None:
         """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
@@ -458,7 +503,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.tracker.finish()
         self.write_summary(interrupted=False)
 
-    def write_summary(self, interrupted: bool) -> None:
+    def write_summary(self, interrupted: bool, stop_reason: str | None = None) -> None:
         """``summary.txt`` and ``reward_curve.png`` next to ``metrics.jsonl`` (``flowgrpo/summary.py``)."""
         from verl_omni.trainer.diffusion.summary import write_summary
 
@@ -471,6 +516,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             model.adapter.lora_file_pipeline,
             algorithm=self.algorithm.display_name(),
             interrupted=interrupted,
+            stop_reason=stop_reason,
         )
 
     # ---- checkpoints -----------------------------------------------------------------------
