@@ -34,7 +34,8 @@ given a video batch scores its frames and averages them. **Needs**: `server` is 
 run does not start; `weights` is a local checkpoint directory at `params.model_path` (nothing is downloaded), which
 some settings of an `optional weights` scorer do without.
 **Environment**: the Python environment the scorer imports run in; an extra is installed with
-`pip install 'verl_omni[<extra>]'`. Ranges, parameters and checkpoints: [guide/rewards.md](../guide/rewards.md#scorers).
+`pip install 'verl_omni[<extra>]'`; `own` is a separate virtual environment built from the listed requirements
+before Ray starts (guide/rewards.md, "Scorers in their own environment"). Ranges, parameters and checkpoints: [guide/rewards.md](../guide/rewards.md#scorers).
 
 | type | what it scores | inputs | needs | environment | class |
 |---|---|---|---|---|---|
@@ -67,6 +68,8 @@ def needs(cls: type[Scorer]) -> str:
 
 
 def environment(cls: type[Scorer]) -> str:
+    if cls.requirements:
+        return "own: " + ", ".join(f"`{r}`" for r in cls.requirements)
     return f"trainer + `{cls.extra}` extra" if cls.extra else "trainer"
 
 

@@ -1,0 +1,47 @@
+"""An own-environment scorer: its script runs under its pinned numpy 1.x (the trainer has numpy 2), batches cross
+as raw bytes, and a child that dies is an error naming the scorer and its environment, not restarted."""
+
+import numpy
+import pytest
+import torch
+
+from verl_omni.utils.reward_score import ScoreBatch, ScorerError
+from verl_omni.utils.reward_score.brightness_numpy1 import BrightnessNumpy1Scorer
+from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scorer(request):
+    """One scorer (one child process) for the module; its environment cached under the pytest cache, so the
+    suite (the trainer run included) builds it once."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_ENV_VAR, str(request.config.cache.mkdir("scorer_envs")))
+    scorer = BrightnessNumpy1Scorer()
+    yield scorer
+    scorer.close()
+    patch.undo()
+
+
+def _batch(*values: int, frames: int | None = None) -> ScoreBatch:
+    shape = (3, 4, 5) if frames is None else (frames, 3, 4, 5)
+    images = torch.stack([torch.full(shape, v, dtype=torch.uint8) for v in values])
+    return ScoreBatch(images, [f"p{i}" for i in range(len(values))])
+
+
+def test_scores_images_and_videos_in_its_own_numpy(scorer):
+    assert numpy.__version__ != "1.26.4"  # else the pin would not conflict
+    assert scorer.score_sync(_batch(0, 255, 51)) == pytest.approx([0.0, 1.0, 0.2])
+    process = scorer._process
+    assert scorer.score_sync(_batch(102, frames=2)) == pytest.approx([0.4])
+    assert scorer._process is process  # one persistent child
+
+
+def test_a_dead_child_is_an_error_naming_the_scorer_and_environment_and_stays_one(scorer):
+    scorer.score_sync(_batch(1))
+    scorer._process.kill()
+    scorer._process.wait()
+    for _ in range(2):  # no silent restart
+        with pytest.raises(ScorerError, match=rf"BrightnessNumpy1Scorer.*{scorer.environment().key()}"):
+            scorer.score_sync(_batch(1))
