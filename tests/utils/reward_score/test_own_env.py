@@ -13,11 +13,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def scorer(request):
-    """One scorer (one child process) for the module; its environment cached under the pytest cache, so the
-    suite (the trainer run included) builds it once."""
+def scorer(scorer_env_dir):
+    """One scorer (one child process) for the module; its environment in the suite's cache (built once)."""
     patch = pytest.MonkeyPatch()
-    patch.setenv(CACHE_ENV_VAR, str(request.config.cache.mkdir("scorer_envs")))
+    patch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
     scorer = BrightnessNumpy1Scorer()
     yield scorer
     scorer.close()
