@@ -44,3 +44,16 @@ def test_a_dead_child_is_an_error_naming_the_scorer_and_environment_and_stays_on
     for _ in range(2):  # no silent restart
         with pytest.raises(ScorerError, match=rf"BrightnessNumpy1Scorer.*{scorer.environment().key()}"):
             scorer.score_sync(_batch(1))
+
+
+def test_an_environment_that_cannot_be_built_fails_before_ray_naming_scorer_and_package(scorer_env_dir, monkeypatch):
+    from verl_omni.trainer.config.validation import build_scorer_environments
+    from verl_omni.utils.reward_score.environment import ScorerEnvironmentError
+    from verl_omni.workers.config.reward import DiffusionRewardConfig, ScorerConfig
+
+    bad = "verl-omni-no-such-package-for-tests==0.0.1"
+    monkeypatch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
+    monkeypatch.setattr(BrightnessNumpy1Scorer, "requirements", (bad,))
+    reward = DiffusionRewardConfig(scorers=[ScorerConfig(type="brightness"), ScorerConfig(type="brightness_numpy1")])
+    with pytest.raises(ScorerEnvironmentError, match=rf"scorers\[1\] \('brightness_numpy1'\).*failed on {bad}"):
+        build_scorer_environments(reward)
