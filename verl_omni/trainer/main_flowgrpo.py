@@ -72,6 +72,7 @@ def init_ray(config: DictConfig, device: str) -> None:
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     from verl_omni.utils.ray_start import init_local_ray
+    from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
 
     if ray.is_initialized():
         return
@@ -80,7 +81,8 @@ def init_ray(config: DictConfig, device: str) -> None:
     if device == "cpu" and "address" not in kwargs and not os.environ.get("RAY_ADDRESS"):
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
     runtime_env = get_ppo_ray_runtime_env(config)
-    for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
+    # with CACHE_ENV_VAR the workers find the scorer environments this process built
+    for name in ("PYTHONPATH", SHOW_WARNINGS_ENV, CACHE_ENV_VAR):
         if os.environ.get(name):
             runtime_env["env_vars"][name] = os.environ[name]
     # actor ranks and rollout workers share NCCL weight groups (collective_share), whose members must agree on
@@ -119,10 +121,11 @@ def run_flowgrpo(config: DictConfig) -> None:
     check_config(config)
     resolve_builtin_paths(config)
     check_resources(config)
-    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.config.validation import build_scorer_environments, validate_config
     from verl_omni.trainer.diffusion.run_dir import open_run_dir
 
     configs = validate_config(config)
+    build_scorer_environments(configs.reward)
     run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before the heavy imports
     import torch
 

@@ -232,3 +232,22 @@ def validate_config(config: DictConfig) -> RunConfigs:
     # a forced weight transport fits the placement (a null device is checked again once resolved)
     weight_transport_for(configs.rollout.weight_transport, configs.trainer.colocate_rollout, configs.trainer.device)
     return configs
+
+
+def build_scorer_environments(reward: DiffusionRewardConfig) -> None:
+    """Build (or find in the cache) the environment of every configured scorer that declares requirements, before
+    Ray starts: a requirement that cannot install fails here, naming the scorer and the package, not in a worker."""
+    from verl_omni.utils.reward_score import get_scorer_cls
+    from verl_omni.utils.reward_score.environment import ScorerEnvironment, ScorerEnvironmentError, build
+
+    for i, scorer in enumerate(reward.scorers):
+        requirements = get_scorer_cls(scorer.type).requirements
+        if not requirements:
+            continue
+        logger.info("building (or reusing) the environment of scorer %r: %s", scorer.label, ", ".join(requirements))
+        try:
+            build(ScorerEnvironment(tuple(requirements)))
+        except ScorerEnvironmentError as e:
+            raise ScorerEnvironmentError(
+                f"reward.diffusion.scorers[{i}] ({scorer.type!r}): its environment cannot be built: {e}"
+            ) from None
