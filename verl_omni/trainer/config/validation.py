@@ -136,6 +136,16 @@ def _check_ema(configs: RunConfigs) -> None:
         )
 
 
+def _resolve_model_defaults(config: DictConfig, configs: RunConfigs) -> None:
+    """Settings left null for the model to fill (``sde_window_size``: the model's window range) become numbers
+    here, once, before Ray: the driver's checks, the algorithm's and every worker's config then read the same."""
+    if configs.rollout.sde_window_size is not None:
+        return
+    spec = configs.rollout.sampling_spec(adapter=configs.model.adapter, model=configs.model.path)
+    object.__setattr__(configs.rollout, "sde_window_size", spec.sde_window_size)
+    OmegaConf.update(config, "actor_rollout_ref.rollout.sde_window_size", spec.sde_window_size)
+
+
 def _check_model(configs: RunConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
@@ -220,6 +230,7 @@ def validate_config(config: DictConfig) -> RunConfigs:
     )
     # the algorithm x model pairing first: the algorithm's own rules may not even apply to a model that cannot run it
     check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)
+    _resolve_model_defaults(config, configs)
     _check_device(configs.trainer)
     _check_reward_manager(config)
     _check_batches(config, configs)
