@@ -17,6 +17,7 @@ def test_the_result_and_the_error_come_back_through_the_future():
         run_beside(fail, "failing").result(timeout=60)
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_call_stuck_for_good_neither_blocks_the_caller_nor_the_interpreters_exit(fresh_python):
     stuck = run_beside(threading.Event().wait, "stuck")
     assert not stuck.done()

@@ -141,7 +141,9 @@ def _resolve_model_defaults(config: DictConfig, configs: RunConfigs) -> None:
     here, once, before Ray: the driver's checks, the algorithm's and every worker's config then read the same."""
     if configs.rollout.sde_window_size is not None:
         return
-    spec = configs.rollout.sampling_spec(adapter=configs.model.adapter, model=configs.model.path)
+    # the same context as _check_model's, so a setting the model refuses is named with the model either way
+    context = f"actor_rollout_ref.model.path={configs.model.path}, algorithm={configs.algorithm.name}"
+    spec = configs.rollout.sampling_spec(adapter=configs.model.adapter, model=context)
     object.__setattr__(configs.rollout, "sde_window_size", spec.sde_window_size)
     OmegaConf.update(config, "actor_rollout_ref.rollout.sde_window_size", spec.sde_window_size)
 
