@@ -1,6 +1,7 @@
 """The reward-hacking guard in the default tiny run: trained on brightness, with a held-out HTTP scorer served here
 that falls exactly as brightness rises (1 − mean pixel / 255). ``action=stop`` ends the run with status 3 naming the
-scorer, a checkpoint of the stopping step and the reason in the summary; ``action=warn`` runs to the end."""
+scorer, a checkpoint of the stopping step and the reason in the summary. ``action=warn`` differs only in the
+driver's branch on the alarm (one run costs minutes): ``tests/trainer/diffusion/test_reward_guard.py`` takes it."""
 
 from __future__ import annotations
 
@@ -59,16 +60,5 @@ def test_stop_exits_with_its_status_and_names_the_scorer(
     assert (out / f"global_step_{fired[0]}").is_dir()
     summary = (out / "summary.txt").read_text()
     assert f"stopped after step {fired[0]}" in summary and "'darkness'" in summary
-
-
-def test_warn_runs_to_the_end_and_logs_the_warning(
-    tmp_path, tiny_qwen_image_path, prompt_files, ray_cluster, darkness_url
-):
-    out = tmp_path / "warn"
-    proc = _guarded_run(out, tiny_qwen_image_path, prompt_files, ray_cluster, darkness_url, "warn")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "going on (reward.guard.action=warn)" in proc.stdout + proc.stderr
-    steps = by_step(read_metrics(out))
-    assert max(steps) == STEPS
-    assert any(m.get("guard/fired") == 1.0 for m in steps.values())
+    # the image statistics beside the held-out scorers, from the first validation on
     assert all(f"guard/stats/{k}" in steps[0] for k in ("brightness", "saturation", "contrast", "entropy"))

@@ -1,6 +1,6 @@
 """The preemption request (``trainer/diffusion/preemption.py``): which signals it takes, when a preempted step may
 still finish, and a second signal's exit. Real signals to a real child process; no trainer (that is the slow
-``tests/trainer/test_preempt_e2e.py``)."""
+``tests/trainer/test_flowgrpo_e2e.py``)."""
 
 from __future__ import annotations
 

@@ -99,3 +99,20 @@ def test_the_summary_names_the_stop_and_the_exit_status_is_its_own(tmp_path):
 def test_bad_guard_config_names_the_key(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RewardGuardConfig(**kwargs)
+
+
+def test_warn_logs_the_reason_and_the_run_goes_on(caplog):
+    """The driver's branch on an alarm under ``action=warn`` (the stop branch runs in ``test_reward_guard_e2e.py``):
+    the reason is logged and nothing of the stop path runs. The holder has only what the warn branch may read, so
+    a stop path taken by mistake fails on the tracker or the checkpoint it would touch."""
+    from types import SimpleNamespace
+
+    from verl_omni.trainer.diffusion.ray_trainer import RayFlowGRPOTrainer
+    from verl_omni.trainer.diffusion.reward_guard import GuardAlarm
+
+    alarm = GuardAlarm("darkness", best=0.8, now=0.6, step=2, trained_first=0.2, trained_now=0.4)
+    holder = SimpleNamespace(configs=SimpleNamespace(guard=RewardGuardConfig(action="warn")), guard_alarm=alarm)
+    with caplog.at_level("WARNING"):
+        RayFlowGRPOTrainer._guard_fired(holder, alarm)
+    assert holder.guard_alarm is None
+    assert f"{alarm.reason()}; going on (reward.guard.action=warn)" in caplog.text
