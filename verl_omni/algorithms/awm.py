@@ -63,11 +63,8 @@ class AWMConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("epsilon", "adv_clip_max"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        self.require_positive("epsilon", "adv_clip_max")
+        self.require_fraction("timestep_fraction")
         if not (isinstance(self.num_train_steps, int) and self.num_train_steps >= 1):
             raise ValueError(f"algorithm.num_train_steps must be an integer >= 1, got {self.num_train_steps!r}")
         if self.weighting not in WEIGHTINGS:

@@ -73,6 +73,17 @@ class AlgorithmConfig(BaseConfig):
                 f"{self.reward_normalization!r}"
             )
 
+    def require_positive(self, *keys: str) -> None:
+        """Refuse a key of ``keys`` that is not > 0 (clip ranges, scales), naming it."""
+        for key in keys:
+            if not getattr(self, key) > 0:
+                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+
+    def require_fraction(self, key: str) -> None:
+        """Refuse ``key`` outside (0, 1] (a share of the recorded steps), naming it."""
+        if not 0 < getattr(self, key) <= 1:
+            raise ValueError(f"algorithm.{key} must be in (0, 1], got {getattr(self, key)}")
+
 
 @dataclass(frozen=True)
 class Phases:
