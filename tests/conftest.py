@@ -47,6 +47,24 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: costs[item.module])
 
 
+# set by ``main_flowgrpo.keep_log_level`` in the process that runs the entry point: a test that runs it in-process
+# (``run_flowgrpo(config)``) would hand pytest's root level (WARNING) to every later subprocess, whose trainer would
+# then hide its INFO progress lines once vLLM is imported (tests wait for those lines)
+LEAKING_ENV = ("SAGEMAKER_CONTAINER_LOG_LEVEL",)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_environment():
+    """What a test's in-process entry point added to ``os.environ`` of :data:`LEAKING_ENV` is taken back after it."""
+    before = {key: os.environ.get(key) for key in LEAKING_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def fresh_python():
     """``run(code) -> stdout``: code in a new interpreter, as a Ray or engine worker starts; fails with its stderr."""
