@@ -14,22 +14,27 @@ def test_verl_plugin_entry_point_is_installed():
 
 
 @pytest.mark.slow
-def test_importing_verl_alone_registers_everything(fresh_python):
+def test_importing_verl_registers_what_verl_looks_up_and_the_reward_loop_registers_its_manager(fresh_python):
     # a fresh interpreter that imports only verl, as a Ray worker would
     code = (
         "import verl, sys\n"
         "assert 'verl_omni.plugin' in sys.modules, 'plugin not loaded by verl'\n"
+        # the workers that never score (rollout, actor, agent loop, router) do not pay for the reward loop
+        "print('reward_loop imported', 'verl_omni.reward_loop' in sys.modules)\n"
         "from verl_omni.algorithms import ALGORITHMS\n"
         "from verl_omni.utils.reward_score.registry import SCORERS\n"
-        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
         "print('algos', ALGORITHMS.names())\n"
         "print('scorers', SCORERS.names())\n"
+        # what a reward worker's class import does (DiffusionRewardLoopWorker lives there)
+        "import verl_omni.reward_loop\n"
+        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
         "print('reward_manager', get_reward_manager_cls('diffusion').__name__)\n"
         "from verl.workers.rollout.replica import RolloutReplicaRegistry\n"
         "replica = RolloutReplicaRegistry.get('vllm_omni')\n"
         "print('rollout', replica.__module__, replica.__name__)\n"
     )
     stdout = fresh_python(code)
+    assert "reward_loop imported False" in stdout, stdout
     (algos,) = [line for line in stdout.splitlines() if line.startswith("algos ")]
     for algorithm in ("flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft"):
         assert f"'{algorithm}'" in algos, stdout
