@@ -1,6 +1,6 @@
 """The exit statuses of ``python -m verl_omni.trainer.main_flowgrpo`` that say more than "failed" (1).
 
-One home for every documented status, so that a job script can branch on them (``docs/guide/training.md``,
+One home for every documented status, so that a job script can branch on them (``docs/guide/reliability.md``,
 "Preemption and exit statuses") and a new one cannot collide with an existing one. This module sits in
 ``utils`` (the lowest layer) so that any part of the package may name its status here.
 """

@@ -43,7 +43,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
         default_hdfs_dir (str | None): not supported (must be None).
         resume_mode (str): ``auto`` (resume the run in ``default_local_dir`` from its newest complete
             ``global_step_*``), ``disable`` (start a new run; refused when ``default_local_dir`` holds
-            one), or ``resume_path`` (``resume_from_path``). See ``docs/guide/training.md``, "Output directory and
+            one), or ``resume_path`` (``resume_from_path``). See ``docs/guide/reliability.md``, "Output directory and
             resume".
         resume_from_path (str | None): a complete ``global_step_<N>`` directory, for ``resume_path``.
         overwrite_output_dir (bool): delete an earlier run found in ``default_local_dir``
@@ -70,7 +70,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
             policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
             k-1's update); also how many generations run ahead of training. Ignored by ``sync``.
         preempt_signals (list[str]): signals that ask the driver to checkpoint its last finished step and exit with
-            status 143 (``docs/guide/training.md``, "Preemption"); a second one exits at once (137). Empty: the
+            status 143 (``docs/guide/reliability.md``, "Preemption"); a second one exits at once (137). Empty: the
             signals keep their default effect. Default SIGTERM, SIGINT, SIGUSR1.
         preempt_grace_s (float): after a preemption signal, a step that has not reached the actor yet still
             finishes when it is expected to within this many seconds (else it is dropped and the step before it is
@@ -80,7 +80,7 @@ class FlowGRPOTrainerConfig(BaseConfig):
             ``training/non_finite_steps_skipped``). Default ``stop``.
         watchdog (WatchdogConfig): how long each phase (engine start, generation, reward, actor replay and update,
             weight sync, checkpoint, validation) may go without finishing before the run fails naming it
-            (:class:`~verl_omni.trainer.config.watchdog.WatchdogConfig`; ``docs/guide/training.md``, "Stalls").
+            (:class:`~verl_omni.trainer.config.watchdog.WatchdogConfig`; ``docs/guide/reliability.md``, "Stalls").
     """
 
     project_name: str = "verl_omni"

@@ -30,7 +30,7 @@ DEFAULT_MAX_BATCH_REQUESTS = 8
 # On CPU a request's numbers depend on the transformer batch it shares: small-row matmuls round
 # differently with the row count (the tiny Qwen-Image's outputs move by ~4e-7 between batches of 1, 2
 # and 4 samples), and which requests share a batch depends on arrival timing. One request per batch
-# makes CPU runs, and resumed runs, bit-reproducible (docs/guide/training.md, "Output directory and resume").
+# makes CPU runs, and resumed runs, bit-reproducible (docs/guide/reliability.md, "Output directory and resume").
 CPU_MAX_BATCH_REQUESTS = 1
 # Ray CPUs a CPU-only server actor reserves (its engine's worker processes run outside Ray)
 CPU_SERVER_NUM_CPUS = 1
