@@ -2,8 +2,9 @@
 
 It imports the modules whose import registers something that verl's own code looks up in any process (the CPU
 platform, the rollout backend) and does nothing else; algorithms and scorers register themselves on their first
-lookup (:data:`verl_omni.algorithms.ALGORITHMS`, ``verl_omni.utils.reward_score``), in whichever process asks. verl logs plugin import errors at DEBUG only,
-so ``tests/sanity/test_plugin.py`` asserts that every registration below really happened.
+lookup (:data:`verl_omni.algorithms.ALGORITHMS`, ``verl_omni.utils.reward_score``), in whichever process asks.
+verl logs plugin import errors at DEBUG only, so ``tests/sanity/test_plugin.py`` asserts that every registration
+below really happened.
 """
 
 import importlib
