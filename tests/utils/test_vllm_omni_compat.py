@@ -104,3 +104,43 @@ def test_final_pixels_hook_is_installed_once_on_its_versions_only(caplog):
         assert not vllm_omni_compat.patch_final_pixels_postprocess(installed="0.28.1")
     message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
     assert "final_pixels_postprocess" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message
+
+
+def test_a_parked_output_goes_to_its_waiter_registered_before_the_park_else_it_stays_parked():
+    """Gap ``async_output_handover``: the executor's output cache, asked to park an output whose request registered a
+    waiter meanwhile, resolves that waiter (a result or the error) and parks nothing; with no waiter it parks, as
+    upstream does, for the request's later ``wait_output_ready``. Real futures; the engine-level interleaving is
+    ``tests/workers/rollout/vllm_omni/test_rollout_engine.py``'s."""
+    import concurrent.futures
+
+    def done(result=None, error=None) -> concurrent.futures.Future:
+        future = concurrent.futures.Future()
+        future.set_exception(error) if error else future.set_result(result)
+        return future
+
+    late, failed = concurrent.futures.Future(), concurrent.futures.Future()
+    waiters = {"late": late, "failed": failed}
+    parked = vllm_omni_compat._HandingOverOutputs(waiters, {"earlier": done("kept")})
+    parked["late"] = done("pixels")
+    parked["failed"] = done(error=RuntimeError("packing failed"))
+    parked["early"] = done("for later")
+    assert late.result(timeout=0) == "pixels"
+    assert isinstance(failed.exception(timeout=0), RuntimeError) and "packing failed" in str(failed.exception())
+    assert waiters == {}
+    assert set(parked) == {"earlier", "early"} and parked["early"].result() == "for later"
+
+
+def test_async_output_handover_is_installed_once_on_its_versions_only(caplog):
+    """On 0.26 the executor's pump start is wrapped once (each executor started afterwards gets the handing-over
+    cache); on another version a warning names the gap and nothing is wrapped."""
+    from vllm_omni.diffusion.executor.multiproc_executor import MultiprocDiffusionExecutor
+
+    assert vllm_omni_compat.patch_async_output_handover()
+    start = MultiprocDiffusionExecutor._start_result_pump
+    assert start.__code__.co_name == "start_pump_handing_over" and start.__wrapped__.__name__ == "_start_result_pump"
+    assert vllm_omni_compat.patch_async_output_handover()
+    assert MultiprocDiffusionExecutor._start_result_pump is start
+    with caplog.at_level(logging.WARNING, logger=vllm_omni_compat.__name__):
+        assert not vllm_omni_compat.patch_async_output_handover(installed="0.28.1")
+    message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
+    assert "async_output_handover" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message

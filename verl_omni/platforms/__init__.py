@@ -88,11 +88,14 @@ def omni_platform_plugin() -> str | None:
 
 def omni_general_plugin() -> None:
     """Entry point of group ``vllm_omni.general_plugins``: on every device the engine passes our rollouts' final
-    pixels through its post-process (:func:`~verl_omni.utils.vllm_omni_compat.patch_final_pixels_postprocess`);
-    on CPU, the CPU runtime patches (:mod:`verl_omni.platforms.cpu_patches`)."""
-    from verl_omni.utils.vllm_omni_compat import patch_final_pixels_postprocess
+    pixels through its post-process (:func:`~verl_omni.utils.vllm_omni_compat.patch_final_pixels_postprocess`)
+    and hands each finished request's output to its waiter
+    (:func:`~verl_omni.utils.vllm_omni_compat.patch_async_output_handover`); on CPU, the CPU runtime patches
+    (:mod:`verl_omni.platforms.cpu_patches`)."""
+    from verl_omni.utils.vllm_omni_compat import patch_async_output_handover, patch_final_pixels_postprocess
 
     patch_final_pixels_postprocess()
+    patch_async_output_handover()
     if cpu_platform_enabled():
         from verl_omni.platforms import cpu_patches
 

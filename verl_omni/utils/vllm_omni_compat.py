@@ -12,6 +12,7 @@ when that platform is active, are :mod:`verl_omni.platforms.cpu_patches`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import inspect
 import json
@@ -39,6 +40,11 @@ PIPELINE_GAPS = {
     # the pre-process; ``pipeline_qwen_image_edit_plus.py``: the constants ``VAE_IMAGE_SIZE`` and
     # ``CONDITION_IMAGE_SIZE``): no sampling parameter or engine config sets the stock conditioning area
     "qwen_image_edit_condition_area": ("0.26.",),
+    # vllm_omni/diffusion/executor/multiproc_executor.py: ``MultiprocDiffusionExecutor._result_pump``, given a
+    # request's OUTPUT_READY, looks for the request's waiter in ``_output_futures`` and, finding none, parks the output
+    # in ``_completed_outputs`` under a second, separate hold of ``_futures_lock``; ``wait_output_ready`` called
+    # between the two holds registers a waiter that nothing resolves (the request hangs with its output parked)
+    "async_output_handover": ("0.26.",),
 }
 
 
@@ -192,4 +198,69 @@ def patch_final_pixels_postprocess(installed: str | None = None) -> bool:
     diffusion_engine.get_diffusion_post_process_func = _make_final_pixels_lookup(lookup)
     _gaps_worked_around.add("final_pixels_postprocess")
     logger.info("verl_omni engine patch applied: final rollout pixels pass the post-process")
+    return True
+
+
+# ---- async outputs: a finished request's output reaches a waiter that registered late (every device) ----------
+
+
+class _HandingOverOutputs(dict):
+    """An executor's ``_completed_outputs`` (async output id -> the done future of that output) that gives an output
+    to the waiter registered for its id (in ``waiters``, the executor's ``_output_futures``) instead of parking it.
+
+    The result pump stores here and ``wait_output_ready`` registers a waiter while each holds the executor's
+    ``_futures_lock``, so the look-up below and a registration are ordered: a waiter registered before the store is
+    resolved here, one registered after finds the output parked. Without a waiter the output is parked as upstream
+    parks it."""
+
+    def __init__(self, waiters: dict, parked: dict):
+        super().__init__(parked)
+        self._waiters = waiters
+
+    def __setitem__(self, output_id, done: concurrent.futures.Future) -> None:
+        waiter = self._waiters.pop(output_id, None)
+        if waiter is None or waiter.done():
+            super().__setitem__(output_id, done)
+            return
+        done.add_done_callback(functools.partial(_resolve_waiter, waiter))
+
+
+def _resolve_waiter(waiter: concurrent.futures.Future, done: concurrent.futures.Future) -> None:
+    """``waiter`` takes ``done``'s result or exception (unless the waiter gave up meanwhile)."""
+    if waiter.done():
+        return
+    if done.cancelled() or done.exception() is not None:
+        waiter.set_exception(done.exception() if not done.cancelled() else concurrent.futures.CancelledError())
+    else:
+        waiter.set_result(done.result())
+
+
+def _make_handing_over_start(start_pump):
+    @functools.wraps(start_pump)
+    def start_pump_handing_over(self):
+        """The executor's result pump, started once its output cache hands outputs to late waiters."""
+        with self._futures_lock:
+            self._completed_outputs = _HandingOverOutputs(self._output_futures, self._completed_outputs)
+        return start_pump(self)
+
+    return start_pump_handing_over
+
+
+def patch_async_output_handover(installed: str | None = None) -> bool:
+    """Gap ``async_output_handover``: every diffusion executor started after this call resolves a request whose
+    waiter registered while the result pump was between finding no waiter and parking the output (else the request
+    waits for the engine's output timeout, then the rollout's ``generation_timeout_s``, with its output parked).
+    Applied from the general plugin on every device; returns whether it is in place. Remove once vLLM-Omni's pump
+    checks for a waiter and parks the output under one hold of its lock."""
+    if not gap_open("async_output_handover", installed):
+        return False
+    if "async_output_handover" in _gaps_worked_around:
+        return True
+    from vllm_omni.diffusion.executor.multiproc_executor import MultiprocDiffusionExecutor
+
+    MultiprocDiffusionExecutor._start_result_pump = _make_handing_over_start(
+        MultiprocDiffusionExecutor._start_result_pump
+    )
+    _gaps_worked_around.add("async_output_handover")
+    logger.info("verl_omni engine patch applied: a finished request's output reaches a waiter that registered late")
     return True

@@ -6,6 +6,7 @@ server runs it.
 """
 
 import asyncio
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -123,6 +124,44 @@ def test_a_request_past_the_generation_bound_is_aborted_and_named(loop, engine, 
     (again,) = generate(loop, engine, prompts, request_id="after-late")
     (first,) = generate(loop, engine, prompts, request_id="after-late-2")
     assert torch.equal(again.diffusion_output, first.diffusion_output)
+
+
+# how long either side of the forced interleaving below waits for the other (the test's bound, never a delay)
+HANDOVER_WAIT_S = 120.0
+
+
+def test_an_output_ready_before_its_request_waits_for_it_still_reaches_the_request(loop, engine, prompts, monkeypatch):
+    """vLLM-Omni's result pump, given a finished request's output, looks for the request's waiter and, finding none,
+    parks the output in a second step; a request that registers its waiter between the two steps got nothing and hung
+    until ``generation_timeout_s`` (gap ``async_output_handover``, ``utils/vllm_omni_compat.py``). The interleaving,
+    rare on its own (a busy machine's thread switch inside the pump), is forced here on the real engine (its stage
+    and result pump run in this process) by two events, not by the clock: the request's waiter registers only once
+    the pump has found none, and the pump parks the output only once the waiter is registered."""
+    from vllm_omni.diffusion.executor import multiproc_executor
+
+    pump_found_no_waiter, waiter_registered = threading.Event(), threading.Event()
+    unpack = multiproc_executor.unpack_diffusion_output_shm
+    wait_output_ready = multiproc_executor.MultiprocDiffusionExecutor.wait_output_ready
+
+    def pump_unpack(output):
+        # the pump unpacks an output between finding no waiter for it and parking it
+        if threading.current_thread().name == "DiffusionResultPump" and not pump_found_no_waiter.is_set():
+            pump_found_no_waiter.set()
+            waiter_registered.wait(HANDOVER_WAIT_S)
+        return unpack(output)
+
+    def late_waiter(executor, output_id):
+        pump_found_no_waiter.wait(HANDOVER_WAIT_S)
+        future = wait_output_ready(executor, output_id)
+        waiter_registered.set()
+        return future
+
+    monkeypatch.setattr(multiproc_executor, "unpack_diffusion_output_shm", pump_unpack)
+    monkeypatch.setattr(multiproc_executor.MultiprocDiffusionExecutor, "wait_output_ready", late_waiter)
+    monkeypatch.setattr(engine, "generation_timeout_s", HANDOVER_WAIT_S)
+    (out,) = generate(loop, engine, prompts, request_id="late-waiter")
+    assert pump_found_no_waiter.is_set() and waiter_registered.is_set()
+    assert out.diffusion_output.shape == (3, H, W) and out.rollout_log_probs.shape == (WINDOW,)
 
 
 def test_concurrent_requests_share_transformer_batches(loop, engine, prompts):
