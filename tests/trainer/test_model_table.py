@@ -1,0 +1,93 @@
+"""The generated model capability matrix (``docs/reference/models.md``) says what the adapters say, and every test and
+run it links exists."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+from verl_omni.pipelines.model_base import ModelAdapter
+from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+from verl_omni.trainer.config.model_evidence import MODELS, REFUSAL_TESTS, Record, Test
+from verl_omni.trainer.config.model_table import (
+    CAPABILITIES,
+    COMMAND,
+    PAGE,
+    REPO,
+    UNTESTED,
+    adapter_rows,
+    cell_evidence,
+    render,
+)
+
+EVIDENCE = sorted(
+    {*(e for m in MODELS.values() for e in m.evidence.values()), *REFUSAL_TESTS.values()},
+    key=lambda e: (e.path, getattr(e, "name", ""), getattr(e, "param", "") or "", getattr(e, "heading", "")),
+)
+TESTS = [e for e in EVIDENCE if isinstance(e, Test)]
+RECORDS = [e for e in EVIDENCE if isinstance(e, Record)]
+
+
+def test_model_table_page_is_in_sync_with_the_adapters():
+    assert PAGE.read_text() == render(), f"stale: run {COMMAND}"
+
+
+def test_every_built_in_adapter_has_a_row():
+    page = PAGE.read_text()
+    for architecture, adapter in adapter_rows():
+        assert f"(`{architecture}`" in page
+        assert adapter.__name__ in MODELS, f"{adapter.__name__} has no label nor evidence in model_evidence.py"
+
+
+@functools.cache
+def _parsed(path: str) -> ast.Module:
+    return ast.parse((REPO / path).read_text(), filename=path)
+
+
+@pytest.mark.parametrize("test", TESTS, ids=lambda t: f"{Path(t.path).name}::{t.name}[{t.param or ''}]")
+def test_every_linked_test_exists_with_its_parameter(test):
+    """The file, the test function, and the parametrized id's part among the file's string constants (the model
+    names its parameters are built from)."""
+    assert (REPO / test.path).is_file(), test.path
+    tree = _parsed(test.path)
+    functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert test.name.startswith("test_") and test.name in functions, f"{test.path} has no {test.name}"
+    if test.param:
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        assert test.param in strings, f"{test.path} names no parameter {test.param!r}"
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: f"{Path(r.path).name}: {r.heading[:40]}")
+def test_every_linked_run_is_a_heading_of_its_page(record):
+    headings = {
+        line.lstrip("#").strip() for line in (REPO / record.path).read_text().splitlines() if line.startswith("#")
+    }
+    assert record.heading in headings
+
+
+def _probe(name: str, base: type[ModelAdapter] = ModelAdapter, **facts) -> type[ModelAdapter]:
+    # a test-module subclass: not a built-in adapter, so never a row of the page
+    return type(name, (base,), {"__module__": __name__, **facts})
+
+
+def _column(key: str):
+    return next(c for c in CAPABILITIES if c.key == key)
+
+
+def test_a_claim_the_adapter_contradicts_fails_the_generator_naming_model_and_capability():
+    """Qwen-Image's split replay is evidenced as working; an adapter of that name that cannot split is an error."""
+    cannot_split = _probe("QwenImageTrainingAdapter", QwenImageTrainingAdapter, supports_sequence_parallel=False)
+    with pytest.raises(ValueError, match=r"QwenImageTrainingAdapter, 'sequence_parallel': the adapter says 'refused'"):
+        cell_evidence(cannot_split, _column("sequence_parallel"))
+
+
+def test_a_model_without_evidence_is_untested_where_allowed_and_refused_or_no_where_not():
+    new = _probe("NewModelTrainingAdapter", rollout_weight_prefix=None, lora_file_pipeline="NewPipeline")
+    verdicts = {c.key: cell_evidence(new, c) for c in CAPABILITIES}
+    assert verdicts["rollout"] == (UNTESTED, None) and verdicts["lora_diffusers"] == (UNTESTED, None)
+    assert verdicts["full_ft"] == ("refused", REFUSAL_TESTS["full_ft"])
+    assert verdicts["sequence_parallel"] == ("refused", REFUSAL_TESTS["sequence_parallel"])
+    assert verdicts["video"] == ("no", None) and verdicts["source_images"] == ("no", None)
