@@ -22,7 +22,7 @@ NO = "no"
 
 
 @dataclass(frozen=True)
-class Test:
+class EvidenceTest:
     """A test that shows a cell: ``path::name``, and the part of the parametrized id selecting this model."""
 
     path: str
@@ -32,7 +32,7 @@ class Test:
 
 
 @dataclass(frozen=True)
-class Record:
+class EvidenceRun:
     """A measured run that shows a cell: a section (its heading, as written) of a page under ``benchmarks/results``."""
 
     path: str
@@ -41,7 +41,7 @@ class Record:
     shows: str = YES
 
 
-Evidence = Test | Record
+Evidence = EvidenceTest | EvidenceRun
 
 
 @dataclass(frozen=True)
@@ -62,41 +62,43 @@ SEQUENCE_PARALLEL = "tests/workers/engine/test_sequence_parallel.py"
 GPU_RUNS = "benchmarks/results/gpu_tests.md"
 # the two-H200 run of the whole GPU suite: every diffusers model's bf16 rollout against its replay, BAGEL, the
 # colocated Qwen-Image trainer
-GPU_SUITE = Record(
+GPU_SUITE = EvidenceRun(
     GPU_RUNS,
     "What ran (2 × H200, 2026-11-28): the GPU suite on two GPUs, six xdist workers",
     "the GPU suite: bf16 rollout and its replay on the tiny model",
 )
 
 
-def rollout_engine(tiny: str) -> Test:
-    return Test(ROLLOUT_ENGINE, "test_images_finite_log_probs_and_the_adapters_conditioning", tiny)
+def rollout_engine(tiny: str) -> EvidenceTest:
+    return EvidenceTest(ROLLOUT_ENGINE, "test_images_finite_log_probs_and_the_adapters_conditioning", tiny)
 
 
-def engine_replay(tiny: str) -> Test:
-    return Test(ROLLOUT_ENGINE, "test_actor_replay_reproduces_the_rollouts_log_probs", tiny)
+def engine_replay(tiny: str) -> EvidenceTest:
+    return EvidenceTest(ROLLOUT_ENGINE, "test_actor_replay_reproduces_the_rollouts_log_probs", tiny)
 
 
-def trainer_run(tiny: str) -> Test:
-    return Test(MODELS_E2E, "test_one_replica_one_rank_trains_logs_and_syncs", tiny)
+def trainer_run(tiny: str) -> EvidenceTest:
+    return EvidenceTest(MODELS_E2E, "test_one_replica_one_rank_trains_logs_and_syncs", tiny)
 
 
-def diffusers_lora(tiny: str) -> Test:
-    return Test(ADAPTERS_VS_DIFFUSERS, "test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image", tiny)
+def diffusers_lora(tiny: str) -> EvidenceTest:
+    return EvidenceTest(
+        ADAPTERS_VS_DIFFUSERS, "test_saved_lora_loads_in_the_diffusers_pipeline_and_changes_the_image", tiny
+    )
 
 
-def stock_serving(tiny: str) -> Test:
-    return Test(
+def stock_serving(tiny: str) -> EvidenceTest:
+    return EvidenceTest(
         STOCK_SERVING, "test_stock_engine_serves_the_checkpoint_lora_and_a_later_request_without_it_is_the_base", tiny
     )
 
 
-def split_replay(tiny: str) -> Test:
-    return Test(SEQUENCE_PARALLEL, "test_split_replay_gives_the_unsplit_log_probs", tiny)
+def split_replay(tiny: str) -> EvidenceTest:
+    return EvidenceTest(SEQUENCE_PARALLEL, "test_split_replay_gives_the_unsplit_log_probs", tiny)
 
 
-def source_image(tiny: str) -> Test:
-    return Test(ROLLOUT_ENGINE, "test_the_source_image_changes_the_edit", tiny)
+def source_image(tiny: str) -> EvidenceTest:
+    return EvidenceTest(ROLLOUT_ENGINE, "test_the_source_image_changes_the_edit", tiny)
 
 
 def diffusers_family(tiny: str) -> dict[str, Evidence]:
@@ -111,18 +113,18 @@ def diffusers_family(tiny: str) -> dict[str, Evidence]:
 
 # ---- refusals the code makes for every model alike (the check reads the adapter attribute) ------------------------
 
-REFUSAL_TESTS: dict[str, Test] = {
-    "full_ft": Test(
+REFUSAL_TESTS: dict[str, EvidenceTest] = {
+    "full_ft": EvidenceTest(
         "tests/trainer/test_flowgrpo_config.py",
         "test_full_fine_tuning_and_the_merged_lora_are_switches_and_bagel_refuses_both",
         shows=REFUSED,
     ),
-    "merged_lora": Test(
+    "merged_lora": EvidenceTest(
         "tests/trainer/test_flowgrpo_config.py",
         "test_full_fine_tuning_and_the_merged_lora_are_switches_and_bagel_refuses_both",
         shows=REFUSED,
     ),
-    "sequence_parallel": Test(
+    "sequence_parallel": EvidenceTest(
         SEQUENCE_PARALLEL, "test_a_model_that_cannot_split_is_refused_naming_key_model_and_degrees", shows=REFUSED
     ),
 }
@@ -137,21 +139,23 @@ MODELS: dict[str, Model] = {
     "QwenImageTrainingAdapter": Model(
         "Qwen-Image, Qwen-Image-2512",
         {
-            "rollout": Test(QWEN_IMAGE_ROLLOUT, "test_generate_returns_image_log_probs_trajectory_and_embeds"),
-            "replay": Test(QWEN_IMAGE_ROLLOUT, "test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer"),
-            "trainer": Test(
+            "rollout": EvidenceTest(QWEN_IMAGE_ROLLOUT, "test_generate_returns_image_log_probs_trajectory_and_embeds"),
+            "replay": EvidenceTest(
+                QWEN_IMAGE_ROLLOUT, "test_recorded_log_probs_are_reproduced_by_the_diffusers_transformer"
+            ),
+            "trainer": EvidenceTest(
                 "tests/trainer/test_flowgrpo_e2e.py", "test_two_replicas_two_ranks_train_with_rollout_log_probs"
             ),
-            "lora_diffusers": Test(
+            "lora_diffusers": EvidenceTest(
                 "tests/workers/engine/test_diffusers_fsdp_engine.py",
                 "test_saved_lora_loads_in_diffusers_and_is_the_trained_policy",
             ),
             "lora_stock": stock_serving("qwen_image"),
-            "full_ft": Test(
+            "full_ft": EvidenceTest(
                 "tests/trainer/test_flowgrpo_full_ft_e2e.py",
                 "test_full_fine_tuning_trains_syncs_in_checked_buckets_and_the_rollout_samples_with_it",
             ),
-            "merged_lora": Test(
+            "merged_lora": EvidenceTest(
                 "tests/workers/test_full_weight_sync.py",
                 "test_merged_lora_sync_samples_what_the_lora_actor_computes_and_refuses_an_unknown_name",
             ),
@@ -162,10 +166,12 @@ MODELS: dict[str, Model] = {
     "BagelTrainingAdapter": Model(
         "BAGEL (7B MoT)",
         {
-            "rollout": Test(BAGEL_ROLLOUT, "test_generate_returns_images_log_probs_and_the_trajectory_per_sample"),
+            "rollout": EvidenceTest(
+                BAGEL_ROLLOUT, "test_generate_returns_images_log_probs_and_the_trajectory_per_sample"
+            ),
             # the bf16 rollout against the fp32 replay: within 2e-3, not 1e-5
-            "replay": Test(BAGEL_ROLLOUT, "test_replay_reproduces_rollout_log_probs", shows=NO),
-            "trainer": Test(
+            "replay": EvidenceTest(BAGEL_ROLLOUT, "test_replay_reproduces_rollout_log_probs", shows=NO),
+            "trainer": EvidenceTest(
                 "tests/trainer/test_bagel_flowgrpo_e2e.py",
                 "test_bagel_trains_logs_and_syncs_with_recomputed_old_log_probs",
             ),
@@ -178,7 +184,7 @@ MODELS: dict[str, Model] = {
             **diffusers_family("sd3"),
             "lora_diffusers": diffusers_lora("sd3"),
             "lora_stock": stock_serving("sd3"),
-            "full_ft": Record(
+            "full_ft": EvidenceRun(
                 "benchmarks/results/models_gpu.md",
                 "SD3.5 Medium, full fine-tuning: one recipe step on one H100 (2026-11-26)",
                 "one step of the recipe at full size (random weights), synced to the colocated rollout",
@@ -208,21 +214,21 @@ MODELS: dict[str, Model] = {
     "Wan22A14BTrainingAdapter": Model(
         "Wan2.2 T2V-A14B (two experts)",
         {
-            "rollout": Test(A14B_ROLLOUT, "test_videos_and_windows_cover_both_experts"),
-            "replay": Test(A14B_ROLLOUT, "test_each_step_is_replayed_by_the_expert_that_sampled_it"),
+            "rollout": EvidenceTest(A14B_ROLLOUT, "test_videos_and_windows_cover_both_experts"),
+            "replay": EvidenceTest(A14B_ROLLOUT, "test_each_step_is_replayed_by_the_expert_that_sampled_it"),
             "trainer": trainer_run("wan2_2_a14b"),
-            "lora_diffusers": Test(
+            "lora_diffusers": EvidenceTest(
                 "tests/pipelines/wan2_2/test_wan2_2_a14b_lora.py",
                 "test_saved_lora_loads_into_both_experts_of_diffusers_wan_pipeline_and_changes_the_video",
             ),
-            "full_ft": Test(
+            "full_ft": EvidenceTest(
                 "tests/trainer/test_preflight.py",
                 "test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray",
                 shows=REFUSED,
             ),
             "sequence_parallel": split_replay("wan2_2_a14b"),
-            "video": Test(A14B_ROLLOUT, "test_videos_and_windows_cover_both_experts"),
-            "gpu": Record(
+            "video": EvidenceTest(A14B_ROLLOUT, "test_videos_and_windows_cover_both_experts"),
+            "gpu": EvidenceRun(
                 "benchmarks/results/models_gpu.md",
                 "Wan2.2 T2V-A14B: the LoRA replay of both experts on one H100 (2026-11-24)",
                 "the actor's LoRA replay at full size (random weights) only; no rollout on a GPU",
@@ -242,7 +248,7 @@ MODELS: dict[str, Model] = {
         {
             "rollout": rollout_engine("qwen_image_edit_plus"),
             "replay": engine_replay("qwen_image_edit_plus"),
-            "lora_diffusers": Test(
+            "lora_diffusers": EvidenceTest(
                 "tests/pipelines/test_qwen_image_edit.py",
                 "test_tiny_plus_runs_in_diffusers_with_two_images_and_a_saved_lora_changes_the_edit",
             ),

@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_omni.pipelines.model_base import ADAPTER_ENTRY_POINT_GROUP, MODEL_ADAPTERS, PIPELINES_PACKAGE, ModelAdapter
-from verl_omni.trainer.config.model_evidence import MODELS, NO, REFUSAL_TESTS, REFUSED, YES, Evidence, Record, Test
+from verl_omni.trainer.config.model_evidence import (
+    MODELS,
+    NO,
+    REFUSAL_TESTS,
+    REFUSED,
+    YES,
+    Evidence,
+    EvidenceRun,
+    EvidenceTest,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 PAGE = REPO / "docs" / "reference" / "models.md"
@@ -179,17 +188,17 @@ class _Notes:
         self.texts: dict[tuple[str, str], str] = {}
 
     def number(self, evidence: Evidence) -> int:
-        key = (evidence.path, evidence.name if isinstance(evidence, Test) else evidence.heading)
+        key = (evidence.path, evidence.name if isinstance(evidence, EvidenceTest) else evidence.heading)
         if key not in self.numbers:
             self.numbers[key] = len(self.numbers) + 1
             self.params[key] = []
-            if isinstance(evidence, Test):
+            if isinstance(evidence, EvidenceTest):
                 self.texts[key] = f"`{evidence.path}::{evidence.name}`"
             else:
                 self.texts[key] = f'`{evidence.path}`, "{evidence.heading}"' + (
                     f": {evidence.what}" if evidence.what else ""
                 )
-        if isinstance(evidence, Test) and evidence.param and evidence.param not in self.params[key]:
+        if isinstance(evidence, EvidenceTest) and evidence.param and evidence.param not in self.params[key]:
             self.params[key].append(evidence.param)
         return self.numbers[key]
 
@@ -202,7 +211,7 @@ class _Notes:
 
 
 def _link(evidence: Evidence) -> str:
-    if isinstance(evidence, Record):
+    if isinstance(evidence, EvidenceRun):
         return f"../../{evidence.path}#{heading_anchor(evidence.heading)}"
     return f"../../{evidence.path}"
 
@@ -211,7 +220,7 @@ def render_cell(adapter: type[ModelAdapter], capability: Capability, notes: _Not
     verdict, evidence = cell_evidence(adapter, capability)
     if evidence is None:
         return verdict
-    param = f" `[{evidence.param}]`" if isinstance(evidence, Test) and evidence.param else ""
+    param = f" `[{evidence.param}]`" if isinstance(evidence, EvidenceTest) and evidence.param else ""
     return f"[{verdict}]({_link(evidence)})<sup>{notes.number(evidence)}</sup>{param}"
 
 
