@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,21 @@ def test_a_model_without_evidence_is_untested_where_allowed_and_refused_or_no_wh
     assert verdicts["full_ft"] == ("refused", REFUSAL_TESTS["full_ft"])
     assert verdicts["sequence_parallel"] == ("refused", REFUSAL_TESTS["sequence_parallel"])
     assert verdicts["video"] == ("no", None) and verdicts["source_images"] == ("no", None)
+
+
+@pytest.mark.slow
+def test_every_linked_test_is_collected_under_the_id_the_page_prints():
+    """pytest itself collects ``path::name[param]`` (``path::name`` for an unparametrized test): the page's ids are
+    the ones ``pytest 'path::name[param]'`` runs. A fresh interpreter collects the linked files (nothing runs)."""
+    files = sorted({t.path for t in TESTS})
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    collected = {line.strip() for line in proc.stdout.splitlines() if "::" in line}
+    assert collected, proc.stdout[-2000:] + proc.stderr[-2000:]
+    printed = {f"{t.path}::{t.name}" + (f"[{t.param}]" if t.param else "") for t in TESTS}
+    assert sorted(printed - collected) == []
