@@ -23,11 +23,13 @@ NO = "no"
 
 @dataclass(frozen=True)
 class EvidenceTest:
-    """A test that shows a cell: ``path::name``, and the part of the parametrized id selecting this model."""
+    """A test that shows a cell: ``path::name``, the part of the parametrized id selecting this model, and what it
+    shows when the test's name does not say it."""
 
     path: str
     name: str
     param: str | None = None
+    what: str = ""
     shows: str = YES
 
 
@@ -169,8 +171,12 @@ MODELS: dict[str, Model] = {
             "rollout": EvidenceTest(
                 BAGEL_ROLLOUT, "test_generate_returns_images_log_probs_and_the_trajectory_per_sample"
             ),
-            # the bf16 rollout against the fp32 replay: within 2e-3, not 1e-5
-            "replay": EvidenceTest(BAGEL_ROLLOUT, "test_replay_reproduces_rollout_log_probs", shows=NO),
+            "replay": EvidenceTest(
+                BAGEL_ROLLOUT,
+                "test_replay_reproduces_rollout_log_probs",
+                what="the bf16 rollout against the fp32 replay, within 2e-3",
+                shows=NO,
+            ),
             "trainer": EvidenceTest(
                 "tests/trainer/test_bagel_flowgrpo_e2e.py",
                 "test_bagel_trains_logs_and_syncs_with_recomputed_old_log_probs",

@@ -105,8 +105,8 @@ What each built-in model can do, read from its adapter (`verl_omni/pipelines/<mo
 the test or measured run that shows it. **yes**: the code allows it and the linked test shows it (the number names
 the test below; the part in brackets is its parametrized id). **untested**: the code allows it, no test shows it.
 **refused**: refused before Ray starts, naming the key and the fix (linked: the test of the refusal). **no**: the
-model has no such thing. CPU cells are the tiny random models in fp32 on the real engines; the GPU column links the
-recorded run. Models, launchers and keys: [guide/models.md](../guide/models.md).
+model has no such thing. CPU cells are the tiny random models on the real engines, in fp32 unless the adapter's
+`rollout_dtype` says otherwise; the GPU column links the recorded run. Models, launchers and keys: [guide/models.md](../guide/models.md).
 
 """
 
@@ -186,6 +186,7 @@ class _Notes:
         self.numbers: dict[tuple[str, str], int] = {}
         self.params: dict[tuple[str, str], list[str]] = {}
         self.texts: dict[tuple[str, str], str] = {}
+        self.whats: dict[tuple[str, str], str] = {}
 
     def number(self, evidence: Evidence) -> int:
         key = (evidence.path, evidence.name if isinstance(evidence, EvidenceTest) else evidence.heading)
@@ -195,9 +196,8 @@ class _Notes:
             if isinstance(evidence, EvidenceTest):
                 self.texts[key] = f"`{evidence.path}::{evidence.name}`"
             else:
-                self.texts[key] = f'`{evidence.path}`, "{evidence.heading}"' + (
-                    f": {evidence.what}" if evidence.what else ""
-                )
+                self.texts[key] = f'`{evidence.path}`, "{evidence.heading}"'
+            self.whats[key] = evidence.what
         if isinstance(evidence, EvidenceTest) and evidence.param and evidence.param not in self.params[key]:
             self.params[key].append(evidence.param)
         return self.numbers[key]
@@ -206,7 +206,10 @@ class _Notes:
         lines = []
         for key, number in self.numbers.items():
             params = " ".join(f"`[{p}]`" for p in sorted(self.params[key]))
-            lines.append(f"{number}. {self.texts[key]}" + (f" {params}" if params else ""))
+            what = self.whats[key]
+            lines.append(
+                f"{number}. {self.texts[key]}" + (f" {params}" if params else "") + (f": {what}" if what else "")
+            )
         return "\n".join(lines) + "\n"
 
 
