@@ -14,7 +14,7 @@ import pytest
 from verl_omni.pipelines.model_base import ModelAdapter
 from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
 from verl_omni.pipelines.wan2_2.training_adapter import Wan22A14BTrainingAdapter
-from verl_omni.trainer.config.model_evidence import MODELS, REFUSAL_TESTS, EvidenceRun, EvidenceTest
+from verl_omni.trainer.config.model_evidence import GPU_SUITE, MODELS, REFUSAL_TESTS, EvidenceRun, EvidenceTest, Model
 from verl_omni.trainer.config.model_table import (
     CAPABILITIES,
     COMMAND,
@@ -23,6 +23,7 @@ from verl_omni.trainer.config.model_table import (
     UNTESTED,
     adapter_rows,
     cell_evidence,
+    check_evidence_map,
     render,
 )
 
@@ -115,3 +116,15 @@ def test_every_linked_test_is_collected_under_the_id_the_page_prints():
     assert collected, proc.stdout[-2000:] + proc.stderr[-2000:]
     printed = {f"{t.path}::{t.name}" + (f"[{t.param}]" if t.param else "") for t in TESTS}
     assert sorted(printed - collected) == []
+
+
+def test_evidence_for_a_removed_adapter_or_an_unknown_capability_fails_the_generator(monkeypatch):
+    rows = adapter_rows()
+    monkeypatch.setitem(MODELS, "GoneTrainingAdapter", Model("Gone"))
+    with pytest.raises(ValueError, match="names GoneTrainingAdapter, which is no built-in model adapter"):
+        check_evidence_map(rows)
+    monkeypatch.delitem(MODELS, "GoneTrainingAdapter")
+    typo = Model("Qwen-Image", {**MODELS["QwenImageTrainingAdapter"].evidence, "lora_serving": GPU_SUITE})
+    monkeypatch.setitem(MODELS, "QwenImageTrainingAdapter", typo)
+    with pytest.raises(ValueError, match=r"QwenImageTrainingAdapter: evidence for \['lora_serving'\], which are no"):
+        check_evidence_map(rows)
