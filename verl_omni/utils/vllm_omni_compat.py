@@ -1,7 +1,7 @@
 """Where verl_omni works around gaps of vLLM-Omni on every device: each gap named, with its version gate.
 
-vLLM-Omni has no public way yet to do a few things our rollout needs (listed in :data:`PIPELINE_GAPS`, each with
-the upstream place that lacks it). Each workaround here reaches into a private vLLM-Omni API only while
+vLLM-Omni has no public way yet to do a few things our rollout needs, and one race of its executor loses a request
+(listed in :data:`PIPELINE_GAPS`, each with the upstream place that lacks it). Each workaround here reaches into a private vLLM-Omni API only while
 :func:`gap_open` says the installed version is one the gap was seen open in; on another version it is skipped
 with a warning naming the gap and where to extend its versions. Remove a gap once vLLM-Omni closes it.
 
@@ -229,8 +229,10 @@ def _resolve_waiter(waiter: concurrent.futures.Future, done: concurrent.futures.
     """``waiter`` takes ``done``'s result or exception (unless the waiter gave up meanwhile)."""
     if waiter.done():
         return
-    if done.cancelled() or done.exception() is not None:
-        waiter.set_exception(done.exception() if not done.cancelled() else concurrent.futures.CancelledError())
+    if done.cancelled():
+        waiter.cancel()
+    elif (error := done.exception()) is not None:
+        waiter.set_exception(error)
     else:
         waiter.set_result(done.result())
 
