@@ -284,3 +284,11 @@ def ray_driver(ray_cluster, ray_connect):
     ray_connect(runtime_env={"env_vars": {"PYTHONPATH": ray_cluster[1]["PYTHONPATH"]}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def scorer_env_dir(request, tmp_path_factory):
+    """The scorer-environment cache of the suite (``VERL_OMNI_SCORER_ENV_DIR``): under the pytest cache, so an
+    environment is built once and kept for later sessions; a session directory when the cache is disabled."""
+    cache = getattr(request.config, "cache", None)
+    return cache.mkdir("scorer_envs") if cache is not None else tmp_path_factory.mktemp("scorer_envs")

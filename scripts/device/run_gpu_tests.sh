@@ -7,6 +7,9 @@
 # figures each printed, made by gpu_summary.py; the docs' GPU results table is pasted from it).
 # Tests that need several GPUs skip themselves below their count (torch.cuda.device_count()), so on a
 # 2-GPU host they run and on one GPU the summary lists them as skipped with the reason.
+# Tests run on GPU_TEST_WORKERS pytest-xdist workers (default 6, `--dist worksteal`): a trainer test is mostly
+# one process starting Ray, an engine and the actor one after the other, so the host's cores and the GPUs' memory
+# take several side by side (the tiny models use a few GB). GPU_TEST_WORKERS=0 runs them in one process.
 # Exits with pytest's status, after the summary is written.
 set -euo pipefail
 bundle=${1:?bundle dir}; shift
@@ -16,8 +19,11 @@ mkdir -p "$out"
 cards=$(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | awk '{$1=$1" x"; print}' | paste -sd ',')
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
 echo "visible GPUs: $gpus ($cards)"
+workers=${GPU_TEST_WORKERS:-6}
+parallel=()
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist worksteal)
 set +e
-python3 -m pytest tests -m gpu -p no:cacheprovider -v -o junit_logging=system-out --junitxml="$out/gpu_tests.xml" \
+python3 -m pytest tests -m gpu ${parallel[@]+"${parallel[@]}"} -p no:cacheprovider -v -o junit_logging=system-out --junitxml="$out/gpu_tests.xml" \
   "$@" 2>&1 | tee "$out/gpu_tests.log"
 status=${PIPESTATUS[0]}
 set -e

@@ -154,3 +154,82 @@ def test_non_negative_dt_and_shape_mismatch_are_errors():
         compute_grpo_guard_policy_loss(
             torch.zeros(6), torch.zeros(6), torch.zeros(6), mu_old, mu_old[:, :3], s, dt, 0.2
         )
+
+
+def _shared_step_batch(seed=4, batch=6, dims=48):
+    """Samples at one step (one s, one Δt), each drifted by its own amount, as in the authors' batches; fp64, so
+    the small gap between the two reductions stands far above rounding."""
+    g = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    s, dt = torch.full((batch,), 0.7, dtype=f64), torch.full((batch,), -0.08, dtype=f64)
+    step_std = s * torch.sqrt(-dt)
+    mu_old = torch.randn(batch, dims, generator=g, dtype=f64)
+    eps = torch.randn(batch, dims, generator=g, dtype=f64)
+    scales = torch.logspace(-3, math.log10(3e-2), batch, dtype=f64)[:, None]
+    delta = scales * torch.randn(batch, dims, generator=g, dtype=f64)
+    return s, dt, step_std, mu_old, eps, delta
+
+
+def _authors_form(mu_theta, mu_old, eps, s_value, dt_value, adv, clip=0.2):
+    """The reduction of flow_grpo's scripts/train_sd3_GRPO_Guard.py, re-derived with scalars: one shift, the mean
+    of (μ_θ − μ_old)² over every element of the batch over 2σ², added to every sample's log-ratio; the policy loss
+    divided by (√−Δt)²."""
+    step_std = s_value * math.sqrt(-dt_value)
+    x_next = mu_old + step_std * eps
+    log_ratio = ((x_next - mu_old) ** 2 - (x_next - mu_theta) ** 2).mean(dim=1) / (2 * step_std**2)
+    shift = ((mu_theta - mu_old) ** 2).mean() / (2 * step_std**2)
+    ratio = torch.exp((log_ratio + shift) * step_std)
+    per_sample = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip))
+    return per_sample.mean() / (-dt_value)
+
+
+def test_batch_reduction_matches_the_authors_form_and_sample_reduction_differs_from_it():
+    """At a shared step the two reductions still differ (each sample drifts by its own amount); ``batch`` is the
+    authors' loss and gradient, ``sample`` is the closed form exp(mean(ε·Δ)) per sample."""
+    s, dt, step_std, mu_old, eps, delta = _shared_step_batch()
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], dtype=torch.float64)
+    results = {}
+    for reduce in ("sample", "batch"):
+        mu_theta = (mu_old + delta).requires_grad_(True)
+        loss, _ = _guard(mu_theta, mu_old, eps, s, dt, step_std, adv, ratio_norm_reduce=reduce)
+        results[reduce] = (loss, *torch.autograd.grad(loss, mu_theta))
+
+    mu_ref = (mu_old + delta).requires_grad_(True)
+    authors = _authors_form(mu_ref, mu_old, eps, 0.7, -0.08, adv)
+    (authors_grad,) = torch.autograd.grad(authors, mu_ref)
+    torch.testing.assert_close(results["batch"][0], authors, rtol=1e-10, atol=0)
+    torch.testing.assert_close(results["batch"][1], authors_grad, rtol=1e-9, atol=1e-12)
+
+    mu_ref = (mu_old + delta).requires_grad_(True)
+    ratio = torch.exp((eps * (mu_ref - mu_old)).mean(dim=1))
+    closed = (torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)) / (-dt)).mean()
+    (closed_grad,) = torch.autograd.grad(closed, mu_ref)
+    torch.testing.assert_close(results["sample"][0], closed, rtol=1e-10, atol=0)
+    torch.testing.assert_close(results["sample"][1], closed_grad, rtol=1e-9, atol=1e-12)
+
+    loss_gap = (results["sample"][0] - results["batch"][0]).abs() / results["sample"][0].abs()
+    assert loss_gap > 1e-7
+    grad_gap = (results["sample"][1] - results["batch"][1]).norm() / results["sample"][1].norm()
+    assert grad_gap > 1e-3
+
+
+def test_reductions_agree_when_every_sample_drifts_alike():
+    """With the same ‖μ_θ − μ_old‖² in every sample the batch mean of the shift is each sample's shift."""
+    s, dt, step_std, mu_old, eps, _ = _shared_step_batch()
+    g = torch.Generator().manual_seed(5)
+    delta = 0.02 * torch.randn(1, mu_old.shape[1], generator=g, dtype=torch.float64).repeat(6, 1)
+    adv = torch.linspace(-1, 1, 6, dtype=torch.float64)
+    losses = [
+        _guard(mu_old + delta, mu_old, eps, s, dt, step_std, adv, ratio_norm_reduce=r)[0] for r in ("sample", "batch")
+    ]
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-12, atol=0)
+
+
+def test_unknown_ratio_norm_reduce_names_the_key():
+    from verl_omni.algorithms.grpo_guard import GRPOGuardConfig
+
+    with pytest.raises(ValueError, match="algorithm.ratio_norm_reduce must be one of"):
+        GRPOGuardConfig(ratio_norm_reduce="mean")
+    s, dt, step_std, mu_old, eps, delta = _draw()
+    with pytest.raises(ValueError, match="ratio_norm_reduce must be one of"):
+        _guard(mu_old + delta, mu_old, eps, s, dt, step_std, torch.zeros(6), ratio_norm_reduce="mean")

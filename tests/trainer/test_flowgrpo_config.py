@@ -95,6 +95,14 @@ BAD_CONFIGS = [
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=-0.5"], "actor.ema_decay must be 0"),
     (["actor_rollout_ref.rollout.weight_transport=nccl"], "rollout.weight_transport must be one of"),
     (
+        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=4", "trainer.n_gpus_per_node=4"],
+        r"actor.ulysses_sequence_parallel_size=4 must divide the 2 attention heads .* allowed degrees: \[1, 2\]",
+    ),
+    (
+        ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
+        r"ulysses_sequence_parallel_size=2 must divide .* the 1 GPUs per node .* allowed degrees: \[1\]",
+    ),
+    (
         ["actor_rollout_ref.rollout.weight_transport=ipc", "trainer.colocate_rollout=false"],
         "rollout.weight_transport=ipc needs the rollout colocated on CUDA",
     ),
@@ -223,7 +231,7 @@ def test_separate_async_mode_builds_its_trainer_and_refuses_a_bad_staleness_from
 def test_drop_zero_std_groups_must_be_a_bool_in_every_algorithm():
     from verl_omni.algorithms import algorithm_config_from
 
-    for name in ("flow_grpo", "dance_grpo", "mix_grpo", "grpo_guard", "diffusion_nft"):
+    for name in ("flow_grpo", "dance_grpo", "mix_grpo", "grpo_guard", "diffusion_nft", "awm"):
         with pytest.raises(ValueError, match="algorithm.drop_zero_std_groups must be true or false"):
             algorithm_config_from({"name": name, "drop_zero_std_groups": "yes"})
 

@@ -9,7 +9,10 @@ Trainer runs (each a subprocess of the real entry point) on the session's two-no
   over the two nodes, 2 steps, log π_old from the rollout, a checkpoint every step;
 * ``resumed``: ``two``'s directory as a kill in the middle of step 2's save leaves it (step 2's
   checkpoint a ``global_step_2.partial`` without some of its files, the tracker at 1), resumed on
-  the same cluster: step 2 must come out bit-identical to ``two``'s.
+  the same cluster: step 2 must come out bit-identical to ``two``'s;
+* ``preempted``: ``two``'s command saving only its last step, SIGTERM sent to its driver once step 2 started
+  generating: the driver checkpoints step 1, exits with ``EXIT_PREEMPTED`` (``trainer/diffusion/preemption.py``),
+  and ``preempt_resumed``, the same command again, must reach ``two``'s metrics.
 
 The output-directory checks that need no trainer (refusals, the fallback when the tracker names
 a missing checkpoint) run on copies of ``two``'s directory, so they see what the real checkpoint
@@ -24,12 +27,25 @@ from __future__ import annotations
 
 import logging
 import shutil
+import signal
+import subprocess
 
 import pytest
 import torch
-from trainer_helpers import LOGPROB_BOUND, by_step, check_run, check_summary, lora_of, run_entry_point, run_trainer
+from trainer_helpers import (
+    LOGPROB_BOUND,
+    by_step,
+    check_run,
+    check_summary,
+    entry_point_command,
+    lora_of,
+    read_metrics,
+    run_entry_point,
+    run_trainer,
+)
 
 from verl_omni.trainer.diffusion import run_dir
+from verl_omni.utils.exit_codes import EXIT_PREEMPTED
 
 # a trainer run starts Ray, replicas and the actor: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -181,3 +197,67 @@ def test_a_run_into_a_finished_run_with_resume_disabled_is_refused_before_ray_an
     assert "trainer.resume_mode=auto" in message and "trainer.default_local_dir" in message
     assert "ray.init" not in message and "Started a local Ray instance" not in message
     assert run_files() == before
+
+
+# ``two``'s command saving only its last step: a preemption in step 2 finds step 1 not yet checkpointed
+PREEMPT_ARGS = (*(a for a in TWO_RANK_ARGS if not a.startswith("trainer.save_freq=")), f"trainer.save_freq={STEPS}")
+# the progress line the driver logs when step 2's generation starts (RayFlowGRPOTrainer._phase)
+STEP_2_STARTED = f"step {STEPS}/{STEPS}: gen"
+
+
+@pytest.fixture(scope="module")
+def preempted(ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
+    """The run, SIGTERM sent to its driver when step 2 logged its start; its directory, exit status and output."""
+    address, env, _ = ray_cluster
+    out = tmp_path_factory.mktemp("preempted") / "run"
+    command = entry_point_command(
+        out, tiny_qwen_image_path, prompt_files, f"ray_kwargs.ray_init.address={address}", *PREEMPT_ARGS
+    )
+    proc = subprocess.Popen(
+        command, cwd=out.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if STEP_2_STARTED in line:
+                proc.send_signal(signal.SIGTERM)
+                break
+        lines.extend(proc.stdout)
+        returncode = proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return out, returncode, "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def preempt_resumed(preempted, ray_cluster, tiny_qwen_image_path, prompt_files):
+    out = preempted[0]
+    records, _ = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *PREEMPT_ARGS)
+    return out, records
+
+
+def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_exits_cleanly(preempted):
+    out, returncode, output = preempted
+    assert STEP_2_STARTED in output, output[-4000:]
+    assert returncode == EXIT_PREEMPTED, output[-6000:]
+    assert "SIGTERM received" in output and "step 2 dropped before" in output
+    # no C++ stack of Ray's handler, no Python traceback
+    assert "Traceback" not in output and "*** SIGTERM" not in output, output[-6000:]
+    assert run_dir.complete_steps(out) == [1] and run_dir.read_tracker(out) == 1
+    assert not list(out.glob(f"*{run_dir.PARTIAL_SUFFIX}")), "no half-written checkpoint"
+    assert not (out / run_dir.LOCK_FILE).exists(), "the run-directory lock is released"
+    assert [r["step"] for r in read_metrics(out)] == [0, 1]
+
+
+def test_the_same_command_resumes_to_the_uninterrupted_runs_metrics(two, preempt_resumed):
+    _, expected_records, _ = two
+    out, records = preempt_resumed
+    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    expected, got = by_step(expected_records), by_step(records)
+    for step in range(1, STEPS + 1):
+        compared = [k for k in expected[step] if k.startswith(("critic/", "actor/", "reward/"))]
+        assert len(compared) > 5
+        assert {k: got[step][k] for k in compared} == {k: expected[step][k] for k in compared}, f"step {step}"
+    assert run_dir.complete_steps(out)[-1] == STEPS

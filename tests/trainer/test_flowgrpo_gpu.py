@@ -10,6 +10,7 @@ disagree with the rollout's log-probs far beyond step 1's bf16 difference.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -120,8 +121,11 @@ def test_colocated_merged_lora_syncs_the_merged_linears_by_cuda_ipc(colocated_me
 
 
 def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_image_bf16_path, prompt_files, tmp_path):
-    """One GPU cannot hold a standalone replica's GPU bundle and the actor's: a clear error, not a wait."""
+    """One GPU cannot hold a standalone replica's GPU bundle and the actor's: a clear error, not a wait.
+
+    The run sees one GPU whatever the host has (on a host of two, the replica would take the second and train)."""
     train, val = prompt_files
+    one_visible_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]}
     proc = subprocess.run(
         [
             sys.executable,
@@ -135,6 +139,7 @@ def test_standalone_rollout_beside_the_actor_on_one_gpu_is_refused(tiny_qwen_ima
             "trainer.colocate_rollout=false",
         ],
         cwd=REPO,
+        env=one_visible_gpu,
         capture_output=True,
         text=True,
         timeout=600,

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import torch
 from verl.base_config import BaseConfig
 
+from verl_omni.algorithms.reward_normalization import REWARD_NORMALIZATIONS
 from verl_omni.pipelines.model_base import ROLLOUT_RECORDS, SDE_WINDOW
 from verl_omni.utils.registry import Registry, import_submodules
 
@@ -54,14 +55,34 @@ class AlgorithmConfig(BaseConfig):
             the update: the loss is the mean over the other samples (default False: over all samples, the
             equal groups adding zero-advantage terms). A step where every group is such a group makes no
             update. The Flow-GRPO authors' training script filters them (``docs/guide/algorithms.md``).
+        reward_normalization (str): how several scorers' rewards become the score the advantage reads: ``sum``
+            (default: the weighted mean of the raw rewards) or ``gdpo`` (each scorer normalised within the prompt
+            group first, then the weighted mean; :mod:`verl_omni.algorithms.reward_normalization`).
     """
 
     name: str = DEFAULT_ALGORITHM
     drop_zero_std_groups: bool = False
+    reward_normalization: str = "sum"
 
     def __post_init__(self):
         if not isinstance(self.drop_zero_std_groups, bool):
             raise ValueError(f"algorithm.drop_zero_std_groups must be true or false, got {self.drop_zero_std_groups!r}")
+        if self.reward_normalization not in REWARD_NORMALIZATIONS:
+            raise ValueError(
+                f"algorithm.reward_normalization must be one of {REWARD_NORMALIZATIONS}, got "
+                f"{self.reward_normalization!r}"
+            )
+
+    def require_positive(self, *keys: str) -> None:
+        """Refuse a key of ``keys`` that is not > 0 (clip ranges, scales), naming it."""
+        for key in keys:
+            if not getattr(self, key) > 0:
+                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+
+    def require_fraction(self, key: str) -> None:
+        """Refuse ``key`` outside (0, 1] (a share of the recorded steps), naming it."""
+        if not 0 < getattr(self, key) <= 1:
+            raise ValueError(f"algorithm.{key} must be in (0, 1], got {getattr(self, key)}")
 
 
 @dataclass(frozen=True)

@@ -82,11 +82,8 @@ class DanceGRPOConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("epsilon", "adv_clip_max"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        self.require_positive("epsilon", "adv_clip_max")
+        self.require_fraction("timestep_fraction")
 
 
 class DanceGRPOLoss(FlowGRPOLoss):

@@ -63,11 +63,8 @@ class DiffusionNFTConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("beta", "epsilon", "adv_clip_max"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
-        if not 0 < self.timestep_fraction <= 1:
-            raise ValueError(f"algorithm.timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
+        self.require_positive("beta", "epsilon", "adv_clip_max")
+        self.require_fraction("timestep_fraction")
         if self.decay_flat_steps < 0 or self.decay_rate < 0:
             raise ValueError("algorithm.decay_flat_steps and algorithm.decay_rate must be >= 0")
         if not 0 <= self.decay_max <= 1:

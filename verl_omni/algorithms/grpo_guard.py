@@ -22,6 +22,9 @@ import torch
 from verl_omni.algorithms.base import register_algorithm
 from verl_omni.algorithms.flow_grpo import FlowGRPO, FlowGRPOAlgoConfig, FlowGRPOLoss
 
+# how the RatioNorm shift is reduced: per sample (the derivation's conditional mean) or over the micro-batch
+RATIO_NORM_REDUCTIONS = ("sample", "batch")
+
 
 @dataclass
 class GRPOGuardConfig(FlowGRPOAlgoConfig):
@@ -31,11 +34,24 @@ class GRPOGuardConfig(FlowGRPOAlgoConfig):
         name (str): ``grpo_guard``.
         ratio_norm (bool): RatioNorm: ρ = exp((log π_θ − log π_old + ‖μ_θ − μ_old‖²/(2σ²))·σ), σ = s·√−Δt.
         grad_reweight (bool): divide each replayed step's policy loss by its −Δt.
+        ratio_norm_reduce (str): over what the RatioNorm shift is averaged. ``sample`` (default): each sample's
+            own ‖μ_θ − μ_old‖²/(2σ²), the conditional mean of its log-ratio, so each sample's ratio is centred
+            on 1. ``batch``: the mean of those shifts over the micro-batch, added to every sample, as the
+            authors' training script computes it; their per-sample ratios are then off 1 by their deviation
+            from that mean.
     """
 
     name: str = "grpo_guard"
     ratio_norm: bool = True
     grad_reweight: bool = True
+    ratio_norm_reduce: str = "sample"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ratio_norm_reduce not in RATIO_NORM_REDUCTIONS:
+            raise ValueError(
+                f"algorithm.ratio_norm_reduce must be one of {RATIO_NORM_REDUCTIONS}, got {self.ratio_norm_reduce!r}"
+            )
 
 
 def compute_grpo_guard_policy_loss(
@@ -49,6 +65,7 @@ def compute_grpo_guard_policy_loss(
     clip_ratio: float,
     ratio_norm: bool = True,
     grad_reweight: bool = True,
+    ratio_norm_reduce: str = "sample",
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GRPO-Guard's clipped policy loss of one replayed SDE step (without the KL term).
 
@@ -62,6 +79,7 @@ def compute_grpo_guard_policy_loss(
         dt (`torch.Tensor`, ``[B]``): σ' − σ of each sample's step (< 0).
         clip_ratio: ε of the clip, applied to the (normalized) ratio.
         ratio_norm, grad_reweight: the two parts of GRPO-Guard (both off: Flow-GRPO's policy loss).
+        ratio_norm_reduce: ``sample`` or ``batch``, see :class:`GRPOGuardConfig`.
 
     Returns:
         ``(loss, metrics)``: ``pg_loss`` (the reweighted loss), ``pg_clipfrac``, ``ppo_kl``, ``ratio_mean`` and
@@ -81,12 +99,16 @@ def compute_grpo_guard_policy_loss(
         raise ValueError(f"dt must be < 0 (a denoising step lowers sigma), got {dt.tolist()}")
     if not clip_ratio > 0:
         raise ValueError(f"clip_ratio must be > 0, got {clip_ratio}")
+    if ratio_norm_reduce not in RATIO_NORM_REDUCTIONS:
+        raise ValueError(f"ratio_norm_reduce must be one of {RATIO_NORM_REDUCTIONS}, got {ratio_norm_reduce!r}")
 
     s = std_dev_t.detach().reshape(batch, -1)[:, 0].to(log_prob)
     step_std = s * torch.sqrt(-dt.to(log_prob))
     log_ratio = log_prob - old_log_prob.detach()
     diff = (prev_sample_mean - old_prev_sample_mean.detach()).reshape(batch, -1)
     bias = (diff**2).mean(dim=1) / (2 * step_std**2)
+    if ratio_norm_reduce == "batch":
+        bias = bias.mean().expand_as(bias)
     ratio = torch.exp((log_ratio + bias) * step_std) if ratio_norm else torch.exp(log_ratio)
     adv = advantages.detach().to(ratio.dtype)
     unclipped = -adv * ratio
@@ -143,6 +165,7 @@ class GRPOGuardLoss(FlowGRPOLoss):
             clip_ratio=actor.clip_ratio,
             ratio_norm=config.ratio_norm,
             grad_reweight=config.grad_reweight,
+            ratio_norm_reduce=config.ratio_norm_reduce,
         )
         kl_loss = torch.zeros_like(pg_loss)
         if actor.kl_beta > 0:

@@ -44,9 +44,7 @@ class MixGRPOConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("epsilon", "adv_clip_max"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+        self.require_positive("epsilon", "adv_clip_max")
 
 
 @register_algorithm("mix_grpo")

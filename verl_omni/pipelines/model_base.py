@@ -125,6 +125,9 @@ class ModelAdapter:
         default_guidance_scale (`float` or None): ``guidance_scale`` when the config leaves it null (distilled only).
         max_source_images (`int`): source images a prompt row carries (an editing model's, ``data.image_key``);
             0: text-to-image, the rows' images are not sent.
+        supports_sequence_parallel (`bool`): the replay may split each sample's tokens over the ranks of a
+            sequence-parallel group (``actor.ulysses_sequence_parallel_size`` > 1, :meth:`enable_sequence_parallel`);
+            False: the trainer refuses such a degree before Ray starts.
     """
 
     rollout_pipeline: ClassVar[str]
@@ -151,6 +154,7 @@ class ModelAdapter:
     default_true_cfg_scale: ClassVar[float] = 1.0
     default_guidance_scale: ClassVar[float | None] = None
     max_source_images: ClassVar[int] = 0
+    supports_sequence_parallel: ClassVar[bool] = False
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[ModelAdapter]:
@@ -192,6 +196,21 @@ class ModelAdapter:
         """One past the last step an SDE window may cover (``sde_window_range[1]`` at most): less than
         ``num_inference_steps`` for a schedule whose last step the SDE kernel cannot take (Z-Image's σ = 0 → 0)."""
         return num_inference_steps
+
+    @classmethod
+    def attention_heads(cls, model_path: str | Path) -> int:
+        """Attention heads of the trained transformer: a sequence-parallel degree must divide them."""
+        from verl_omni.pipelines.sequence_parallel import attention_heads
+
+        return attention_heads(model_path, getattr(cls, "transformer_subfolder", "transformer"))
+
+    @classmethod
+    def enable_sequence_parallel(cls, module: torch.nn.Module, mesh) -> None:
+        """Split ``module``'s sequence over ``mesh``'s ulysses ranks (diffusers' context parallelism,
+        :mod:`verl_omni.pipelines.sequence_parallel`); a model whose transformer needs more overrides it."""
+        from verl_omni.pipelines.sequence_parallel import enable_ulysses
+
+        enable_ulysses(module, mesh)
 
     # ---- replay --------------------------------------------------------------------------------
 

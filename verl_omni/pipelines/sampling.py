@@ -86,7 +86,8 @@ class SamplingSettings:
             ``cfg_renorm_type``, ``cfg_renorm_min``). Default empty: the model's defaults.
         guidance_scale (float | None): the guidance embedding of a ``"distilled"`` model (FLUX.1-dev). Default None:
             the model's default; a model without one refuses any other value.
-        sde_window_size (int): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2.
+        sde_window_size (int | None): W, stochastic (recorded, trained) steps per sample, 1 <= W <= T. Default 2;
+            None: the whole window range, ``r1 - r0`` (so it follows the model's ``max_sde_window_end``).
         sde_window_range (Sequence[int] | None): ``[r0, r1]``, the steps a window may cover. Default None:
             ``[0, T]`` (or the model's last step it can take an SDE step at, ``ModelAdapter.max_sde_window_end``).
         same_initial_noise (bool): every sample of a prompt group starts from the same initial noise (DanceGRPO's
@@ -118,7 +119,7 @@ class SamplingSettings:
     true_cfg_scale: float | None = None
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     guidance_scale: float | None = None
-    sde_window_size: int = 2
+    sde_window_size: int | None = 2
     sde_window_range: Sequence[int] | None = None
     same_initial_noise: bool = False
     sde_window_schedule: str = "random"
@@ -161,6 +162,10 @@ class SamplingSpec(SamplingSettings):
             object.__setattr__(self, "true_cfg_scale", 1.0)
         if self.sde_window_range is not None:
             object.__setattr__(self, "sde_window_range", tuple(int(v) for v in self.sde_window_range))
+        if self.sde_window_size is None:
+            # the whole range the model can take SDE steps in: a model-independent default that never overflows it
+            r0, r1 = self.window_range
+            object.__setattr__(self, "sde_window_size", r1 - r0)
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
         object.__setattr__(self, "initial_noise_seeds", tuple(int(s) for s in self.initial_noise_seeds))
         if not isinstance(self.model_kwargs, Mapping):

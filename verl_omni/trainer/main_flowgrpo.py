@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -71,6 +72,7 @@ def init_ray(config: DictConfig, device: str) -> None:
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     from verl_omni.utils.ray_start import init_local_ray
+    from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
 
     if ray.is_initialized():
         return
@@ -79,7 +81,8 @@ def init_ray(config: DictConfig, device: str) -> None:
     if device == "cpu" and "address" not in kwargs and not os.environ.get("RAY_ADDRESS"):
         kwargs.setdefault("num_cpus", CPU_LOGICAL_CPUS)
     runtime_env = get_ppo_ray_runtime_env(config)
-    for name in ("PYTHONPATH", SHOW_WARNINGS_ENV):
+    # with CACHE_ENV_VAR the workers find the scorer environments this process built
+    for name in ("PYTHONPATH", SHOW_WARNINGS_ENV, CACHE_ENV_VAR):
         if os.environ.get(name):
             runtime_env["env_vars"][name] = os.environ[name]
     # actor ranks and rollout workers share NCCL weight groups (collective_share), whose members must agree on
@@ -118,28 +121,56 @@ def run_flowgrpo(config: DictConfig) -> None:
     check_config(config)
     resolve_builtin_paths(config)
     check_resources(config)
-    from verl_omni.trainer.config.validation import validate_config
+    from verl_omni.trainer.config.validation import build_scorer_environments, validate_config
     from verl_omni.trainer.diffusion.run_dir import open_run_dir
 
     configs = validate_config(config)
+    build_scorer_environments(configs.reward)
     run_dir = open_run_dir(configs.trainer)  # refuses to mix with an earlier run, before the heavy imports
     import torch
 
     from verl_omni.trainer.diffusion.async_mode import trainer_class
+    from verl_omni.trainer.diffusion.reward_guard import GuardStop
+    from verl_omni.utils.exit_codes import EXIT_GUARD_STOP
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
-    trainer.init()
+    # after ray.init, whose driver SIGTERM handler exits mid-step: a signal now asks for a checkpoint and a clean stop
+    trainer.preemption.install(list(configs.trainer.preempt_signals), on_force=run_dir.lock.release)
     from ray.exceptions import RayActorError
 
+    from verl_omni.trainer.diffusion.preemption import Preempted
+
+    trainer.init()
     try:
         trainer.fit()
+    except Preempted as stop:
+        stop_preempted(trainer, stop)
     except KeyboardInterrupt:
-        # Ctrl-C: what the run did so far, then stop as interrupted
+        # Ctrl-C with SIGINT left out of trainer.preempt_signals: what the run did so far, then stop as interrupted
         trainer.write_summary(interrupted=True)
         raise
     except RayActorError as e:  # a worker's process or node died: name it and where it ran
         raise RuntimeError(trainer.lost_worker_message(e)) from e
+    except GuardStop as stop:  # a deliberate stop, told apart from a crash by its exit status
+        print(stop, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_GUARD_STOP) from None
+
+
+def stop_preempted(trainer, stop) -> None:
+    """A preempted run's exit: the summary so far, the lock released, Ray shut down, :data:`EXIT_PREEMPTED`.
+
+    A second signal during this exits at once (``preemption.py``): nothing here writes a checkpoint.
+    """
+    import ray
+
+    from verl_omni.utils.exit_codes import EXIT_PREEMPTED
+
+    logger.warning("%s; exiting with status %d", stop, EXIT_PREEMPTED)
+    trainer.write_summary(interrupted=True)
+    trainer.run_dir.lock.release()
+    ray.shutdown()
+    raise SystemExit(EXIT_PREEMPTED)
 
 
 @hydra.main(config_path="config", config_name="flowgrpo_trainer", version_base=None)

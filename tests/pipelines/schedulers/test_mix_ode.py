@@ -115,6 +115,20 @@ def test_dpm_solver_step_matches_the_second_order_formula_and_its_edges():
     assert torch.equal(dpm_solver_pp_step(x, m0, sigmas, 3, m1), m0)
 
 
+def test_dpm_solver_step_from_pure_noise_is_the_first_order_limit():
+    """At σ = 1, λ = −∞: the step is the limit σ → 1 of the first-order formula, the DDIM step that re-noises x̂0
+    with the noise x itself (ε̂ = (x − α·x̂0)/σ = x when α = 0), for either order."""
+    g = torch.Generator().manual_seed(1)
+    x, m0, m1 = (torch.randn(2, 5, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    sigmas = [1.0, 0.7, 0.0]
+    ddim = 0.7 * x + 0.3 * m0
+    for order in (1, 2):
+        step = dpm_solver_pp_step(x, m0, sigmas, 0, m1, order=order)
+        torch.testing.assert_close(step.double(), ddim, rtol=1e-6, atol=1e-6)
+    near_one = dpm_reference(x, m0, None, 1.0, 1 - 1e-9, 0.7)
+    torch.testing.assert_close(ddim, near_one, rtol=1e-6, atol=1e-6)
+
+
 def gaussian_flow(mu0: float, s0: float):
     """Exact pieces of the flow x_σ = (1 − σ)x0 + σε for x0 ~ N(mu0, s0²): the data prediction E[x0 | x_σ] and the
     ODE's solution from x_1 = z, x_σ = (1 − σ)mu0 + sqrt((1 − σ)²s0² + σ²)·z."""

@@ -267,3 +267,47 @@ def test_a_lock_of_a_reused_pid_is_stale(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=run_dir.__name__):
         open_run_dir(trainer(root)).lock.release()
     assert "stale lock" in caplog.text
+
+
+# ---- a checkpoint that cannot be written ----------------------------------------------------------
+
+
+def test_a_full_disk_refuses_the_save_naming_the_path_and_the_bytes_and_keeps_the_latest(tmp_path, monkeypatch):
+    """FAKE (the one fake of this file): a disk cannot be filled safely on a shared machine, so the free space the
+    run directory's filesystem reports is set below what the newest complete checkpoint took."""
+    run = open_run_dir(trainer(tmp_path / "run"))
+    save(run, 1)
+    needed = run.bytes_needed()
+    real = run_dir.shutil.disk_usage
+    monkeypatch.setattr(run_dir.shutil, "disk_usage", lambda p: real(p)._replace(free=needed - 1))
+    with pytest.raises(run_dir.CheckpointSaveError) as raised:
+        save(run, 2)
+    message = str(raised.value)
+    assert str(run_dir.partial_dir(run.root, 2)) in message
+    assert f"about {needed} bytes" in message and f"{needed - 1} bytes" in message
+    assert not run_dir.partial_dir(run.root, 2).exists() and run_dir.complete_steps(run.root) == [1]
+    assert (run.root / run_dir.TRACKER_FILE).read_text() == "1"
+    run.lock.release()
+
+
+def test_an_unwritable_checkpoint_directory_is_refused_naming_it():
+    """A real unwritable place (procfs refuses a new directory, also to root): the error names the path and says
+    how much space is free there."""
+    run = run_dir.RunDir(root=run_dir.Path("/proc/verl_omni_run"), world_size=1)
+    with pytest.raises(run_dir.CheckpointSaveError) as raised:
+        run.begin_checkpoint(3)
+    message = str(raised.value)
+    assert "/proc/verl_omni_run/global_step_3.partial" in message and "bytes" in message
+    assert "trainer.default_local_dir" in message
+
+
+def test_a_failed_write_removes_the_partial_and_leaves_the_tracker(tmp_path):
+    """What the trainer does when a rank's or ``data.pt``'s write raised: nothing of the failed save stays."""
+    run = open_run_dir(trainer(tmp_path / "run"))
+    save(run, 1)
+    partial = save(run, 2, commit=False)
+    error = run.save_failed(2, OSError(28, "No space left on device"))
+    assert isinstance(error, run_dir.CheckpointSaveError) and "No space left on device" in str(error)
+    assert not partial.exists() and run_dir.complete_steps(run.root) == [1]
+    assert (run.root / run_dir.TRACKER_FILE).read_text() == "1"
+    run.lock.release()

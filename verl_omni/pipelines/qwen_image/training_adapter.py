@@ -63,6 +63,17 @@ class QwenImageTrainingAdapter(ModelAdapter):
     fsdp_wrap_blocks = ("QwenImageTransformerBlock",)
     # attention projections of both streams: the usual Flow-GRPO LoRA targets for Qwen-Image
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
+    # the replay may split each sample's text and image tokens over a sequence-parallel group
+    supports_sequence_parallel = True
+
+    @classmethod
+    def enable_sequence_parallel(cls, module: torch.nn.Module, mesh) -> None:
+        """diffusers' Ulysses split, plus the text padding and joint-mask order it needs here
+        (:mod:`verl_omni.pipelines.qwen_image.sequence_parallel`)."""
+        from verl_omni.pipelines.qwen_image.sequence_parallel import split_joint_attention
+
+        super().enable_sequence_parallel(module, mesh)
+        split_joint_attention(module, mesh["ulysses"].size())
 
     @classmethod
     def load_transformer(cls, model_path: str | Path, dtype: torch.dtype = torch.float32):

@@ -32,6 +32,8 @@ class QwenImageEditTrainingAdapter(QwenImageTrainingAdapter):
     sampling_keys = ("condition_area",)
     # how many source images a prompt row carries (the multi-image "Plus" variant takes more)
     max_source_images = 1
+    # the source images' tokens join the sequence after the noise tokens: not split yet
+    supports_sequence_parallel = False
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:

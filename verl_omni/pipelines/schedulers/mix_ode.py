@@ -106,8 +106,9 @@ def dpm_solver_pp_step(
     * second order, with x̂0_prev of the step before (σ_prev): r = (λ − λ_prev)/h, D1 = (x̂0 − x̂0_prev)/r,
       x' = first-order x' − ½·α'·(e^{−h} − 1)·D1.
 
-    The step to σ' = 0 returns x̂0 (the first-order limit, as the authors' solver does on its final step);
-    a step without a usable previous x̂0 (none, or taken at σ = 1 where λ = −∞) is first order. The
+    The step to σ' = 0 returns x̂0 (the first-order limit, as the authors' solver does on its final step).
+    The step from σ = 1 (α = 0, λ = −∞, so e^{−h} = 0) is the first-order limit x' = σ'·x + (1 − σ')·x̂0: the
+    log of α = 0 has no float value, and no step before it exists for a second-order term. A step without a usable previous x̂0 (none, or taken at σ = 1 where λ = −∞) is first order. The
     coefficients are host floats (the σ table on the host), so a step reads nothing back from the device.
 
     Args:
@@ -127,6 +128,8 @@ def dpm_solver_pp_step(
     sigma_s, sigma_t = float(sigmas[step]), float(sigmas[step + 1])
     if sigma_t == 0.0:
         return m0.clone()
+    if sigma_s == 1.0:
+        return sigma_t * x + (1 - sigma_t) * m0
     h = _lambda(sigma_t) - _lambda(sigma_s)
     phi = math.expm1(-h)
     out = (sigma_t / sigma_s) * x - ((1 - sigma_t) * phi) * m0

@@ -72,6 +72,8 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
     rollout_name_map = ((".to_out.0.", ".to_out."),)
     fsdp_wrap_blocks = ("WanTransformerBlock",)
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
+    # the replay may split each sample's video tokens over a sequence-parallel group (the text stays whole)
+    supports_sequence_parallel = True
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[Wan22TrainingAdapter]:

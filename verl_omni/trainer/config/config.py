@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 from verl.base_config import BaseConfig
 
+from verl_omni.trainer.config.watchdog import WatchdogConfig
+
 LOGGER_BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "swanlab", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
 # verl's ``trainer.v1.trainer_mode`` names: sync (generate, then train) and separate_async (generation of the next
@@ -67,6 +69,18 @@ class FlowGRPOTrainerConfig(BaseConfig):
         max_staleness (int): ``separate_async``: how many updates a batch's sampling weights may lag the
             policy it trains (1 = one step off-policy: step k trains on samples of the weights before step
             k-1's update); also how many generations run ahead of training. Ignored by ``sync``.
+        preempt_signals (list[str]): signals that ask the driver to checkpoint its last finished step and exit with
+            status 143 (``docs/guide/training.md``, "Preemption"); a second one exits at once (137). Empty: the
+            signals keep their default effect. Default SIGTERM, SIGINT, SIGUSR1.
+        preempt_grace_s (float): after a preemption signal, a step that has not reached the actor yet still
+            finishes when it is expected to within this many seconds (else it is dropped and the step before it is
+            checkpointed). Set it below the scheduler's grace minus a checkpoint's time. Default 0: never wait.
+        nan_policy (str): a NaN or Inf reward, advantage, loss or gradient norm: ``stop`` (raise naming the step and
+            the source, before the step's checkpoint) or ``skip_step`` (drop the step's update, log it, count it in
+            ``training/non_finite_steps_skipped``). Default ``stop``.
+        watchdog (WatchdogConfig): how long each phase (engine start, generation, reward, actor replay and update,
+            weight sync, checkpoint, validation) may go without finishing before the run fails naming it
+            (:class:`~verl_omni.trainer.config.watchdog.WatchdogConfig`; ``docs/guide/training.md``, "Stalls").
     """
 
     project_name: str = "verl_omni"
@@ -94,6 +108,10 @@ class FlowGRPOTrainerConfig(BaseConfig):
     trainer_mode: str = "sync"
     max_staleness: int = 1
     seed: int = 0
+    preempt_signals: list = field(default_factory=lambda: ["SIGTERM", "SIGINT", "SIGUSR1"])
+    preempt_grace_s: float = 0.0
+    nan_policy: str = "stop"
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def __post_init__(self):
         backends = [self.logger] if isinstance(self.logger, str) else list(self.logger)
@@ -123,6 +141,18 @@ class FlowGRPOTrainerConfig(BaseConfig):
                 "trainer.trainer_mode=separate_async runs the rollout while the actor trains, on devices of its own: "
                 "set trainer.colocate_rollout=false (or trainer.trainer_mode=sync)"
             )
+        from verl_omni.trainer.diffusion.preemption import signal_number
+
+        for name in self.preempt_signals:
+            signal_number(str(name))
+        if isinstance(self.preempt_grace_s, bool) or not isinstance(self.preempt_grace_s, int | float):
+            raise ValueError(f"trainer.preempt_grace_s must be a number of seconds >= 0, got {self.preempt_grace_s!r}")
+        if self.preempt_grace_s < 0:
+            raise ValueError(f"trainer.preempt_grace_s must be >= 0 seconds, got {self.preempt_grace_s}")
+        from verl_omni.trainer.diffusion.non_finite import NAN_POLICIES
+
+        if self.nan_policy not in NAN_POLICIES:
+            raise ValueError(f"trainer.nan_policy must be one of {NAN_POLICIES}, got {self.nan_policy!r}")
         if self.device not in (None, "cuda", "cpu"):
             raise ValueError(f"trainer.device must be 'cuda', 'cpu' or null (auto), got {self.device!r}")
         if self.resume_mode not in RESUME_MODES:

@@ -8,7 +8,7 @@ and endpoints a run reads are checked by the preflight (``preflight.py``), which
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
@@ -25,6 +25,7 @@ from verl_omni.trainer.config.config import FlowGRPOTrainerConfig
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.model import DiffusionModelConfig
 from verl_omni.workers.config.reward import DiffusionRewardConfig
+from verl_omni.workers.config.reward_guard import RewardGuardConfig
 from verl_omni.workers.config.rollout import DiffusionRolloutConfig, weight_transport_for
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class RunConfigs:
     reward: DiffusionRewardConfig
     algorithm: AlgorithmConfig
     trainer: FlowGRPOTrainerConfig
+    guard: RewardGuardConfig = field(default_factory=RewardGuardConfig)
 
     @property
     def algorithm_cls(self) -> type[Algorithm]:
@@ -64,6 +66,15 @@ def _node(config: DictConfig, key: str, dataclass_type: type | None = None):
     except Exception as e:  # hydra wraps the dataclass' ValueError in InstantiationException
         cause = e.__cause__ if e.__cause__ is not None and "Error in call to target" in str(e) else e
         raise ValueError(f"{key}: {cause}") from e
+
+
+def _guard_node(config: DictConfig) -> RewardGuardConfig:
+    """``reward.guard`` (absent: the guard off), with the dotted key in front of its errors."""
+    try:
+        return RewardGuardConfig.from_config(OmegaConf.select(config, "reward.guard"))
+    except ValueError as e:
+        message = str(e)
+        raise ValueError(message if message.startswith("reward.guard") else f"reward.guard: {message}") from None
 
 
 def _check_batches(config: DictConfig, configs: RunConfigs) -> None:
@@ -125,6 +136,18 @@ def _check_ema(configs: RunConfigs) -> None:
         )
 
 
+def _resolve_model_defaults(config: DictConfig, configs: RunConfigs) -> None:
+    """Settings left null for the model to fill (``sde_window_size``: the model's window range) become numbers
+    here, once, before Ray: the driver's checks, the algorithm's and every worker's config then read the same."""
+    if configs.rollout.sde_window_size is not None:
+        return
+    # the same context as _check_model's, so a setting the model refuses is named with the model either way
+    context = f"actor_rollout_ref.model.path={configs.model.path}, algorithm={configs.algorithm.name}"
+    spec = configs.rollout.sampling_spec(adapter=configs.model.adapter, model=context)
+    object.__setattr__(configs.rollout, "sde_window_size", spec.sde_window_size)
+    OmegaConf.update(config, "actor_rollout_ref.rollout.sde_window_size", spec.sde_window_size)
+
+
 def _check_model(configs: RunConfigs) -> None:
     """What the model adapter requires of the rollout and actor settings."""
     adapter = configs.model.adapter
@@ -148,6 +171,18 @@ def _check_model(configs: RunConfigs) -> None:
             "clip range allows (docs/guide/models.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
             "actor recomputes log pi_old"
         )
+
+
+def _check_sequence_parallel(configs: RunConfigs) -> None:
+    """The replay's Ulysses degree against the model (can it split, its heads) and the GPUs of a node."""
+    from verl_omni.workers.engine.fsdp.sequence_group import check_sequence_parallel
+
+    check_sequence_parallel(
+        configs.model.adapter,
+        configs.model.path,
+        configs.actor.ulysses_sequence_parallel_size,
+        configs.trainer.n_gpus_per_node,
+    )
 
 
 def _check_mode(configs: RunConfigs) -> None:
@@ -193,9 +228,11 @@ def validate_config(config: DictConfig) -> RunConfigs:
         actor=_node(config, "actor_rollout_ref.actor"),
         rollout=_node(config, "actor_rollout_ref.rollout"),
         reward=_node(config, "reward.diffusion", DiffusionRewardConfig),
+        guard=_guard_node(config),
     )
     # the algorithm x model pairing first: the algorithm's own rules may not even apply to a model that cannot run it
     check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)
+    _resolve_model_defaults(config, configs)
     _check_device(configs.trainer)
     _check_reward_manager(config)
     _check_batches(config, configs)
@@ -203,7 +240,27 @@ def validate_config(config: DictConfig) -> RunConfigs:
     _check_ema(configs)
     _check_merge_lora(configs)
     _check_model(configs)
+    _check_sequence_parallel(configs)
     _check_mode(configs)
     # a forced weight transport fits the placement (a null device is checked again once resolved)
     weight_transport_for(configs.rollout.weight_transport, configs.trainer.colocate_rollout, configs.trainer.device)
     return configs
+
+
+def build_scorer_environments(reward: DiffusionRewardConfig) -> None:
+    """Build (or find in the cache) the environment of every configured scorer that declares requirements, before
+    Ray starts: a requirement that cannot install fails here, naming the scorer and the package, not in a worker."""
+    from verl_omni.utils.reward_score import get_scorer_cls
+    from verl_omni.utils.reward_score.environment import ScorerEnvironment, ScorerEnvironmentError, build
+
+    for i, scorer in enumerate(reward.scorers):
+        requirements = get_scorer_cls(scorer.type).requirements
+        if not requirements:
+            continue
+        logger.info("building (or reusing) the environment of scorer %r: %s", scorer.label, ", ".join(requirements))
+        try:
+            build(ScorerEnvironment(tuple(requirements)))
+        except ScorerEnvironmentError as e:
+            raise ScorerEnvironmentError(
+                f"reward.diffusion.scorers[{i}] ({scorer.type!r}): its environment cannot be built: {e}"
+            ) from None

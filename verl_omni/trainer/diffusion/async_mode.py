@@ -112,6 +112,10 @@ class QueuedRollout:
 class RayFlowGRPOSeparateAsyncTrainer(RayFlowGRPOTrainer):
     """Flow-GRPO with the rollout of the next ``max_staleness`` steps running while the actor trains."""
 
+    # generations run ahead of training (the dataloader's position is counted from the steps consumed): a preempted
+    # step always finishes, then is checkpointed
+    can_abandon_step = False
+
     def __init__(self, config, configs, run_dir=None):
         super().__init__(config, configs, run_dir)
         self.trainer_mode = "separate_async"

@@ -34,11 +34,18 @@ from verl.utils.metric import reduce_metrics
 from verl.utils.tracking import Tracking
 
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
+from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_advantage_metrics
 from verl_omni.trainer.config.validation import RunConfigs
-from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
+from verl_omni.trainer.diffusion import non_finite
+from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
+from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop, RewardGuard
+from verl_omni.trainer.diffusion.run_dir import RunDir, complete_steps, open_run_dir
 from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.trainer.diffusion.watchdog import PhaseWatchdog
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
+from verl_omni.utils.dataset.prompt_dataset import prompt_text
 from verl_omni.utils.image_grid import save_grid
+from verl_omni.utils.reward_score.multi import EXTRA_INFO_PREFIX
 from verl_omni.utils.video import write_mp4
 from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
@@ -62,6 +69,10 @@ def _restore_info_logging() -> None:
 @register_trainer("flowgrpo")
 class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
+
+    # a preempted step may be dropped before the actor's phases (preemption.py): the dataloader's position before
+    # its batch is what the checkpoint of the previous step holds
+    can_abandon_step = True
 
     def __init__(self, config: DictConfig, configs: RunConfigs, run_dir: RunDir | None = None):
         """``run_dir``: what ``open_run_dir`` decided before Ray started (opened here when not given)."""
@@ -92,8 +103,24 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.run_dir = run_dir or open_run_dir(configs.trainer)
         self.local_dir = self.run_dir.root
         self.global_steps = 0
+        # a preemption signal's request (the entry point installs the handlers once Ray started); the step of the
+        # newest complete checkpoint (None: none yet), so that a preempted run does not save the same step twice
+        self.preemption = PreemptionRequest(configs.trainer.preempt_grace_s)
+        self._saved_step: int | None = None
+        # the previous step's wall time (None before the first), which decides whether a preempted step may finish
+        self._last_step_s: float | None = None
+        self._step_started = time.monotonic()
+        self._data_state_before_step: dict | None = None
+        # trainer.nan_policy (non_finite.py): why this step's update is dropped (None: it is not), and how many were
+        self._skip_update: str | None = None
+        self._non_finite_skipped = 0
+        # held-out scorers and image statistics at each validation (docs/guide/rewards.md, "Reward-hacking guard")
+        self.guard = RewardGuard(configs.guard) if configs.guard.enabled else None
+        self.guard_alarm: GuardAlarm | None = None
         # the actor ranks' init_model calls in flight (_init_actor starts them, _actor_loaded waits)
         self._actor_init = None
+        # a phase that does not finish within its trainer.watchdog limit fails the run naming it (watchdog.py)
+        self.watchdog = PhaseWatchdog(configs.trainer.watchdog, self.phase_workers)
         # the summary's wall time counts from here: worker start-up is part of a run's time
         self.started = time.monotonic()
 
@@ -103,7 +130,8 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self._check_device_layout()
         self._init_tokenizer()
         self._init_dataloader()
-        self._start_workers()
+        with self.watchdog.phase("engine_start"):
+            self._start_workers()
         # built once: every sync of the run goes through it (the transport and payload the config names)
         self.weight_sync = RolloutWeightSync.from_configs(
             self.actor_rollout_wg,
@@ -127,29 +155,54 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     def fit(self):
         """Train ``total_training_steps`` steps (from a resumed step when there is a checkpoint)."""
+        if self.preemption.requested:  # during the workers' start: nothing trained, nothing to save
+            raise Preempted(self.preemption.signame, self._saved_step)
         self.tracker = self._init_tracker()
         if self.configs.trainer.val_before_train and self.global_steps == 0:
-            self.tracker.log(data=self._validate(), step=0)
+            with self.watchdog.phase("testing", 0):
+                self.tracker.log(data=self._validate(), step=0)
         progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Flow-GRPO steps")
         self.global_steps += 1
         batches = self._train_batches()
         while self.global_steps <= self.total_training_steps:
+            self._stop_if_preempted(self.global_steps - 1)
             is_last_step = self.global_steps == self.total_training_steps
             metrics, timing_raw = {}, {}
-            with marked_timer("step", timing_raw):
-                batch = self.step(next(batches), metrics, timing_raw)
-                if self._due(self.configs.trainer.save_freq, is_last_step):
-                    with self._phase("save_checkpoint", timing_raw):
-                        self._save_checkpoint()
-            if self._due(self.configs.trainer.test_freq, is_last_step):
+            self._step_started = time.monotonic()
+            if self.can_abandon_step:
+                self._data_state_before_step = self._dataloader_state()
+            try:
+                with marked_timer("step", timing_raw):
+                    batch = self.step(next(batches), metrics, timing_raw)
+                    if self._due(self.configs.trainer.save_freq, is_last_step):
+                        with self._phase("save_checkpoint", timing_raw):
+                            self._save_checkpoint()
+            except StepAbandoned:
+                self._stop_if_preempted(self.global_steps - 1, self._data_state_before_step)
+            if self._due(self.configs.trainer.test_freq, is_last_step) and not self.preemption.requested:
                 with self._phase("testing", timing_raw):
                     metrics.update(self._validate())
             self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
             self.tracker.log(data=metrics, step=self.global_steps)
+            if self.guard_alarm is not None:
+                self._guard_fired(self.guard_alarm)
             progress.update(1)
+            self._last_step_s = time.monotonic() - self._step_started
+            self._stop_if_preempted(self.global_steps)
             self.global_steps += 1
         progress.close()
         self.on_train_end()
+
+    def _stop_if_preempted(self, finished: int, data_state: dict | None = None) -> None:
+        """On a preemption request: checkpoint step ``finished`` (unless its checkpoint exists) and raise
+        :class:`Preempted`. ``data_state``: the dataloader's position after that step when it is not the current one.
+        """
+        if not self.preemption.requested:
+            return
+        if finished != self._saved_step:
+            self._save_checkpoint(step=finished, data_state=data_state)
+        self.tracker.finish()
+        raise Preempted(self.preemption.signame, self._saved_step)
 
     def step(self, batch_dict: dict, metrics: dict, timing_raw: dict) -> DataProto:
         """One step on one batch of prompts; each phase is one timed method call, gated by the algorithm."""
@@ -172,12 +225,18 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if self.use_reference_policy:
             with self._phase("ref", timing_raw):
                 batch = self._compute_ref_log_prob(batch, metrics)
+        self._skip_update = None
+        self._check_rows("rm_scores", batch, f"the reward (scorers: {self._scorer_names()})")
         # 6. the algorithm's advantages
         with self._phase("adv", timing_raw):
             batch = self._compute_advantage(batch, metrics)
+        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
         # 7. the algorithm's update of the LoRA (or the full transformer)
         with self._phase("update_actor", timing_raw):
             batch = self._update_actor(batch, metrics)
+        if bad := non_finite.bad_update_metrics(metrics):
+            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
+        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
         # 8. the new weights to every rollout replica
         with self._phase("sync", timing_raw):
             self._sync_weights(metrics)
@@ -261,8 +320,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
     def _compute_advantage(self, batch: DataProto, metrics: dict) -> DataProto:
         scores = batch.batch["rm_scores"].float()
         uids = batch.non_tensor_batch["uid"]
-        batch.batch["advantages"] = self.algorithm.compute_advantage(scores, uids, self.configs.algorithm)
-        zero_std, zero_std_frac = zero_std_groups(scores, uids)
+        advantage_scores = self._advantage_scores(batch, scores, metrics)
+        batch.batch["advantages"] = self.algorithm.compute_advantage(advantage_scores, uids, self.configs.algorithm)
+        zero_std, zero_std_frac = zero_std_groups(advantage_scores, uids)
         if self.drop_zero_std_groups:
             batch.batch[SAMPLE_MASK_KEY] = ~zero_std.cpu()
         metrics.update(
@@ -279,8 +339,44 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         )
         return batch
 
+    def _check_rows(self, key: str, batch: DataProto, source: str) -> None:
+        """``batch[key]`` finite in every sample, else ``trainer.nan_policy`` decides (:mod:`non_finite`)."""
+        if self._skip_update or key not in batch.batch.keys():
+            return
+        values = batch.batch[key]
+        if rows := non_finite.bad_rows(values):
+            self._non_finite(non_finite.describe_rows(key, values, batch.non_tensor_batch["uid"], rows, source))
+
+    def _non_finite(self, what: str) -> None:
+        """``stop``: raise naming the step and ``what``; ``skip_step``: the step's update is dropped, logged, counted."""
+        if self.configs.trainer.nan_policy == "stop":
+            raise non_finite.error(self.global_steps, what)
+        if self._skip_update is None:
+            self._non_finite_skipped += 1
+        self._skip_update = what
+        logger.warning("step %d: %s; its update is dropped (trainer.nan_policy=skip_step)", self.global_steps, what)
+
+    def _scorer_names(self) -> str:
+        return ", ".join(str(getattr(s, "type", s)) for s in self.configs.reward.scorers)
+
+    def _advantage_scores(self, batch: DataProto, scores: torch.Tensor, metrics: dict) -> torch.Tensor:
+        """The score the algorithm's group advantage reads: the combined reward (``sum``), or GDPO's weighted
+        mean of each scorer's group-normalised reward (``gdpo``, with per-scorer metrics)."""
+        if self.configs.algorithm.reward_normalization != "gdpo":
+            return scores
+        scorers = self.configs.reward.scorers
+        per_scorer = {s.label: batch.non_tensor_batch[EXTRA_INFO_PREFIX + s.label] for s in scorers}
+        combined, normalized = gdpo_scores(
+            per_scorer, {s.label: s.weight for s in scorers}, batch.non_tensor_batch["uid"]
+        )
+        metrics.update(per_scorer_advantage_metrics(normalized, batch.non_tensor_batch["uid"]))
+        return combined.to(scores.device)
+
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error)."""
+        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
+        when the step's rewards or advantages are not finite under ``trainer.nan_policy=skip_step``."""
+        if self._skip_update:
+            return batch
         skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
         metrics["critic/score/zero_std_update_skipped"] = float(skip)
         if skip:
@@ -314,13 +410,14 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             return self._validation_samples()
 
     def _validation_samples(self) -> dict[str, float]:
-        images, scores = [], []
+        images, scores, prompts = [], [], []
         for batch_dict in self.val_dataloader:
             batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
             if "rm_scores" not in batch.batch.keys():
                 batch = self._compute_reward(batch, {})
             images.append(batch.batch["responses"])
             scores.append(batch.batch["rm_scores"].float())
+            prompts.extend(prompt_text(p, "raw_prompt") for p in batch.non_tensor_batch["raw_prompt"])
         images, scores = torch.cat(images), torch.cat(scores)
         shown = images[: self.configs.trainer.val_grid_images]
         path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
@@ -329,11 +426,32 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if shown.ndim == 5:
             self._save_videos(shown)
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
-        return {
+        metrics = {
             "val/score/mean": scores.mean().item(),
             "val/score/max": scores.max().item(),
             "val/score/min": scores.min().item(),
         }
+        if self.guard is not None:
+            guard_metrics, self.guard_alarm = self.guard.observe(
+                self.global_steps, images, prompts, scores.mean().item()
+            )
+            metrics.update(guard_metrics)
+        return metrics
+
+    def _guard_fired(self, alarm: GuardAlarm) -> None:
+        """``reward.guard.action``: ``warn`` logs the reason and goes on; ``stop`` saves a checkpoint of this step,
+        writes the reason into the summary and raises :class:`GuardStop` (``main_flowgrpo`` exits with status 3)."""
+        self.guard_alarm = None
+        if self.configs.guard.action == "warn":
+            logger.warning("%s; going on (reward.guard.action=warn)", alarm.reason())
+            return
+        logger.error("%s; stopping (reward.guard.action=stop)", alarm.reason())
+        if self.global_steps not in complete_steps(self.local_dir):
+            self._save_checkpoint()
+        self.weight_sync.close()
+        self.tracker.finish()
+        self.write_summary(interrupted=False, stop_reason=alarm.reason())
+        raise GuardStop(alarm)
 
     def _save_videos(self, videos: torch.Tensor) -> None:
         """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
@@ -385,7 +503,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         self.tracker.finish()
         self.write_summary(interrupted=False)
 
-    def write_summary(self, interrupted: bool) -> None:
+    def write_summary(self, interrupted: bool, stop_reason: str | None = None) -> None:
         """``summary.txt`` and ``reward_curve.png`` next to ``metrics.jsonl`` (``flowgrpo/summary.py``)."""
         from verl_omni.trainer.diffusion.summary import write_summary
 
@@ -398,31 +516,39 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
             model.adapter.lora_file_pipeline,
             algorithm=self.algorithm.display_name(),
             interrupted=interrupted,
+            stop_reason=stop_reason,
         )
 
     # ---- checkpoints -----------------------------------------------------------------------
 
-    def _save_checkpoint(self):
+    def _save_checkpoint(self, step: int | None = None, data_state: dict | None = None):
         """The actor's ranks and the dataloader state into ``global_step_<N>.partial``, then committed.
+
+        ``step`` (default: this one) and ``data_state`` (default: the dataloader's position now): a preempted
+        run saves the step before the one it dropped, with the position before that step's batch.
 
         verl's version writes ``global_step_<N>`` in place and the tracker right after: a kill
         mid-save leaves a checkpoint that resumes wrongly. Here the directory is renamed only when
         everything is written, then the tracker moves and ``max_actor_ckpt_to_keep`` prunes.
         """
-        partial = self.run_dir.begin_checkpoint(self.global_steps)
-        # blocks until every rank has written its files
-        self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, self.global_steps)
-        torch.save(self._dataloader_state(), partial / "data.pt")
-        path = self.run_dir.commit_checkpoint(self.global_steps, keep=self.configs.trainer.max_actor_ckpt_to_keep)
-        logger.info("checkpoint of step %d complete: %s", self.global_steps, path)
-        self.checkpoint_callback.on_save(
-            trainer=self, global_step=self.global_steps, checkpoint_dir=str(path), async_save=False
-        )
+        step = self.global_steps if step is None else step
+        partial = self.run_dir.begin_checkpoint(step)
+        try:
+            # blocks until every rank has written its files
+            self.actor_rollout_wg.save_checkpoint(str(partial / "actor"), None, step)
+            torch.save(self._dataloader_state() if data_state is None else data_state, partial / "data.pt")
+        except (OSError, ray.exceptions.RayTaskError) as e:  # a full disk or an unwritable path, here or on a rank
+            raise self.run_dir.save_failed(step, e) from e
+        path = self.run_dir.commit_checkpoint(step, keep=self.configs.trainer.max_actor_ckpt_to_keep)
+        self._saved_step = step
+        logger.info("checkpoint of step %d complete: %s", step, path)
+        self.checkpoint_callback.on_save(trainer=self, global_step=step, checkpoint_dir=str(path), async_save=False)
 
     def _load_checkpoint(self):
         """Load the complete checkpoint ``open_run_dir`` chose (none: step 0), actor and dataloader."""
         target = self.run_dir.resume_from
         self.global_steps = self.run_dir.resume_step
+        self._saved_step = None if target is None else self.global_steps
         if target is None:
             logger.info("a new run in %s", self.local_dir)
             return
@@ -450,9 +576,17 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
 
     @contextmanager
     def _phase(self, name: str, timing_raw: dict):
-        """``marked_timer`` plus a progress line (phases take minutes on large models)."""
+        """``marked_timer`` plus a progress line (phases take minutes on large models); a preempted step may be
+        dropped here, before one of its phases (:meth:`PreemptionRequest.abandon_before`); bounded by the watchdog."""
+        if self.can_abandon_step and self.preemption.abandon_before(
+            name, time.monotonic() - self._step_started, self._last_step_s
+        ):
+            logger.warning(
+                "step %d dropped before %s: preempted by %s", self.global_steps, name, self.preemption.signame
+            )
+            raise StepAbandoned(name)
         logger.info("step %d/%d: %s", self.global_steps, self.total_training_steps, name)
         start = time.perf_counter()
-        with marked_timer(name, timing_raw):
+        with self.watchdog.phase(name, self.global_steps), marked_timer(name, timing_raw):
             yield
         logger.info("step %d: %s done in %.1f s", self.global_steps, name, time.perf_counter() - start)

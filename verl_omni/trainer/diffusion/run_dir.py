@@ -17,6 +17,11 @@ state are written, the trainer lists its files (with sizes) in ``checkpoint_comp
 renames the directory to ``global_step_<N>`` and only then updates the tracker file. *Complete*
 means: the marker exists and every file it lists exists with the listed size. Resuming reads
 only complete checkpoints.
+
+A save that cannot be written (a full disk, an unwritable directory) raises
+:class:`CheckpointSaveError` naming the path, the bytes free there and the bytes the newest complete
+checkpoint took (what the new one needs, about); its ``.partial`` is removed and the tracker and
+the earlier checkpoints are left as they were.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ CHOICES = (
 
 class RunDirError(ValueError):
     """The run directory cannot be used as configured; the message names the key, the path and the fix."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message names the path, the bytes needed and free, and the fix."""
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
@@ -144,6 +153,18 @@ def _fsync_tree(root: Path) -> None:
         elif path.is_dir():
             _fsync_dir(path)
     _fsync_dir(root)
+
+
+def checkpoint_bytes(path: Path) -> int:
+    """The bytes of a complete checkpoint's files, as its ``checkpoint_complete.json`` lists them."""
+    return sum(json.loads((path / COMPLETE_FILE).read_text())["files"].values())
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes free to this process on the filesystem of ``path`` (or of its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
 
 
 def read_tracker(root: Path) -> int | None:
@@ -266,13 +287,45 @@ class RunDir:
         return 0 if self.resume_from is None else checkpoint_step(self.resume_from)
 
     def begin_checkpoint(self, step: int) -> Path:
-        """An empty ``global_step_<step>.partial`` to save into (a kill mid-save leaves only this behind)."""
+        """An empty ``global_step_<step>.partial`` to save into (a kill mid-save leaves only this behind).
+
+        Refused before anything is written when the filesystem has less free space than the newest
+        complete checkpoint took.
+        """
         partial = partial_dir(self.root, step)
-        if partial.exists():
-            logger.warning("removing %s, an unfinished save of an earlier attempt", partial)
-            shutil.rmtree(partial)
-        partial.mkdir(parents=True)
+        needed = self.bytes_needed()
+        if needed is not None and free_bytes(self.root) < needed:
+            raise self._save_error(step, "the filesystem is too full for it")
+        try:
+            if partial.exists():
+                logger.warning("removing %s, an unfinished save of an earlier attempt", partial)
+                shutil.rmtree(partial)
+            partial.mkdir(parents=True)
+        except OSError as e:
+            raise self._save_error(step, f"{type(e).__name__}: {e}") from e
         return partial
+
+    def bytes_needed(self) -> int | None:
+        """What a new checkpoint needs, about: the newest complete one's size (None: no checkpoint yet)."""
+        steps = complete_steps(self.root) if self.root.is_dir() else []
+        return checkpoint_bytes(step_dir(self.root, steps[-1])) if steps else None
+
+    def save_failed(self, step: int, error: BaseException) -> CheckpointSaveError:
+        """The error to raise when writing step ``step``'s files failed: its ``.partial`` is removed (it is never
+        marked complete), the tracker and the earlier checkpoints stay."""
+        shutil.rmtree(partial_dir(self.root, step), ignore_errors=True)
+        return self._save_error(step, f"{type(error).__name__}: {error}")
+
+    def _save_error(self, step: int, why: str) -> CheckpointSaveError:
+        needed = self.bytes_needed()
+        need = f"about {needed} bytes (the newest complete checkpoint's size)" if needed is not None else "unknown"
+        tracked = read_tracker(self.root) if self.root.is_dir() else None
+        return CheckpointSaveError(
+            f"the checkpoint of step {step} could not be written to {partial_dir(self.root, step)}: {why}. "
+            f"Needed: {need}; free on that filesystem: {free_bytes(self.root)} bytes. Nothing was marked latest "
+            f"({TRACKER_FILE}: {tracked}). Free space or make {self.root} writable, lower "
+            "trainer.max_actor_ckpt_to_keep, or set trainer.default_local_dir to a larger, writable disk"
+        )
 
     def commit_checkpoint(self, step: int, keep: int | None = None) -> Path:
         """Mark the finished ``.partial`` complete, rename it, then update the tracker and prune to ``keep``.

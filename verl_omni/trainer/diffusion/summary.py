@@ -132,13 +132,18 @@ def summary_text(
     *,
     algorithm: str,
     interrupted: bool,
+    stop_reason: str | None = None,
 ) -> str:
-    """The summary's lines (see the module docstring); ``algorithm`` names the algorithm run (its ``display_name``)."""
+    """The summary's lines (see the module docstring); ``algorithm`` names the algorithm run (its ``display_name``);
+    ``stop_reason``: why the run stopped before its last step (the reward guard's reason), its second line."""
     state = f"interrupted after step {record.steps_done}" if interrupted else "finished"
+    state = f"stopped after step {record.steps_done}" if stop_reason else state
     lines = [
         f"{algorithm} run {state}: {record.steps_done} of {total_steps} steps in "
         f"{datetime.timedelta(seconds=round(wall_s))} (wall time)"
     ]
+    if stop_reason:
+        lines.append(f"  stopped: {stop_reason}")
     if record.val:
         first, last = min(record.val), max(record.val)
         lines.append(
@@ -213,12 +218,21 @@ def write_summary(
     *,
     algorithm: str,
     interrupted: bool,
+    stop_reason: str | None = None,
 ) -> str:
     """Draw ``reward_curve.png``, write ``summary.txt`` and log the summary; returns its text."""
     record = read_run(run_dir / "metrics.jsonl")
     draw_reward_curve(record, run_dir / CURVE_FILE)
     text = summary_text(
-        run_dir, record, total_steps, wall_s, model_path, pipeline, algorithm=algorithm, interrupted=interrupted
+        run_dir,
+        record,
+        total_steps,
+        wall_s,
+        model_path,
+        pipeline,
+        algorithm=algorithm,
+        interrupted=interrupted,
+        stop_reason=stop_reason,
     )
     (run_dir / SUMMARY_FILE).write_text(text + "\n")
     logger.info("\n%s", text)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import ray
@@ -20,6 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.trainer.ppo.utils import create_rl_sampler
 from verl.utils.dataset.rl_dataset import collate_fn
 
+from verl_omni.utils.background import run_beside
 from verl_omni.utils.dataset.prompt_dataset import create_prompt_dataset
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,19 @@ def _where(_actor) -> tuple[str, str]:
     """``(actor id, "node <id> (<ip>)")`` of the calling actor (run in it through ``__ray_call__``)."""
     context = ray.get_runtime_context()
     return context.get_actor_id(), f"node {context.get_node_id()} ({ray.util.get_node_ip_address()})"
+
+
+# which of the placed workers (``worker_placement``'s names) each phase of a step waits on
+PHASE_WORKERS = {
+    "gen": ("replica", "agent-loop worker", "request balancer", "reward worker"),
+    "testing": ("replica", "agent-loop worker", "request balancer", "reward worker"),
+    "reward": ("reward worker",),
+    "old_log_prob": ("actor rank",),
+    "ref": ("actor rank",),
+    "update_actor": ("actor rank",),
+    "save_checkpoint": ("actor rank",),
+    "sync": ("actor rank", "replica"),
+}
 
 
 class WorkerSetup:
@@ -133,18 +146,18 @@ class WorkerSetup:
         """
         # the pool object only (its placement groups come with the worker group): the reward manager takes it
         self.resource_pool = self._actor_resource_pool()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="actor_start") as pool:
-            actor = None if self.colocate else pool.submit(self._init_actor)
-            if actor is None:
-                self._init_actor()
-                if self.device != "cpu":
-                    self._actor_loaded()
-            elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
-                actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
-            self._init_reward()
-            self._init_rollout()
-            if actor is not None:
-                actor.result()
+        # a daemon thread: a start stuck for good must not keep the watchdog's error, or the exit, waiting on it
+        actor = None if self.colocate else run_beside(self._init_actor, "actor_start")
+        if actor is None:
+            self._init_actor()
+            if self.device != "cpu":
+                self._actor_loaded()
+        elif self.configs.reward.resource_pool == "actor" or self.configs.reward.gpus_of_own > 0:
+            actor.result()  # in the actor's bundles, or counting the GPUs the actor's placement left
+        self._init_reward()
+        self._init_rollout()
+        if actor is not None:
+            actor.result()
         self._actor_loaded()
         self._log_placement()
 
@@ -162,6 +175,15 @@ class WorkerSetup:
             actor_id: f"{name} on {node}" for name, (actor_id, node) in zip(workers, found, strict=True)
         }
         logger.info("placement: %s", ", ".join(self.worker_placement.values()))
+
+    def phase_workers(self, phase: str) -> str:
+        """The workers ``phase`` waits on, with their nodes once placed (the watchdog's report of a stalled phase)."""
+        kinds = PHASE_WORKERS.get(phase)
+        placement = getattr(self, "worker_placement", None)
+        if kinds is None or placement is None:
+            return "the actor ranks, rollout replicas, reward and agent-loop workers as they start"
+        named = [where for where in placement.values() if where.startswith(kinds)]
+        return ", ".join(named) or ", ".join(kinds)
 
     def lost_worker_message(self, error) -> str:
         """The error of a run whose Ray worker died or became unreachable (``RayActorError``): which worker, on

@@ -104,11 +104,19 @@ class Scorer(ABC):
             that sample (request-per-image scorers such as ``ocr``).
         video_input: the scorer scores whole videos ``[B, F, 3, H, W]`` (and refuses images); an
             image scorer (False) is given the frames of a video batch and their mean is its score.
+        extra: the ``verl_omni`` pip extra whose packages the scorer imports (``pip install
+            'verl_omni[<extra>]'``); None when the trainer's own packages suffice. The scorer table
+            (``docs/reference/scorers.md``) lists it.
+        requirements: pip requirement strings of the scorer's own environment; non-empty only for an
+            :class:`~verl_omni.utils.reward_score.own_env.OwnEnvironmentScorer`, which runs in a separate
+            virtual environment built from them (the trainer's preflight builds it before Ray).
     """
 
     params_cls: ClassVar[type[BaseConfig]] = NoParams
     per_sample: ClassVar[bool] = False
     video_input: ClassVar[bool] = False
+    extra: ClassVar[str | None] = None
+    requirements: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: BaseConfig | None = None):
         self.params = params if params is not None else self.params_cls()

@@ -115,6 +115,7 @@ class HpsScorer(ThreadedScorer):
     """HPSv2.1: cosine of the OpenCLIP image and prompt embeddings. Range [-1, 1] (~0.2-0.35 real)."""
 
     params_cls = HpsParams
+    extra = "rewards"
 
     @torch.no_grad()
     def score_sync(self, batch: ScoreBatch) -> list[float]:

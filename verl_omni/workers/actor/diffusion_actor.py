@@ -43,8 +43,8 @@ class DiffusionActor:
     def __init__(self, engine, config: DiffusionActorConfig, algorithm_config: AlgorithmConfig):
         """``algorithm_config``: the run's ``algorithm`` node (required: the actor never picks an algorithm)."""
         algorithm = run_algorithm(algorithm_config, "DiffusionActor")
-        config.validate(engine.get_data_parallel_size())
         self.engine = engine
+        config.validate(self._shard_ranks())
         self.config = config
         self.loss_fn = algorithm.build_loss(config, algorithm_config)
         self.rollout_record = algorithm.rollout_record
@@ -83,7 +83,7 @@ class DiffusionActor:
 
     def update_policy(self, data: TensorDict, spec: SamplingSpec) -> dict[str, float]:
         """One update on ``data`` (carrying the loss's ``required_keys``); returns ``actor/*`` metrics."""
-        local = self.config.mini_batch_samples // self.engine.get_data_parallel_size()
+        local = self.config.mini_batch_samples // self._shard_ranks()
         size = data.batch_size[0]
         if size % local:
             raise ValueError(
@@ -125,14 +125,19 @@ class DiffusionActor:
                 f"algorithm.drop_zero_std_groups=true: the update batch lacks {SAMPLE_MASK_KEY!r} (the trainer's "
                 "adv phase sets it)"
             )
-        if global_kept_count(data[SAMPLE_MASK_KEY], self.engine.get_data_parallel_group()) == 0:
+        if global_kept_count(data[SAMPLE_MASK_KEY]) == 0:
             raise ValueError(
                 f"algorithm.drop_zero_std_groups=true: {SAMPLE_MASK_KEY} keeps no sample on any rank; the trainer "
                 "skips the update of such a step instead of calling it"
             )
 
     def _kept_anywhere(self, mini_batch: TensorDict) -> bool:
-        return global_kept_count(mini_batch[SAMPLE_MASK_KEY], self.engine.get_data_parallel_group()) > 0
+        return global_kept_count(mini_batch[SAMPLE_MASK_KEY]) > 0
+
+    def _shard_ranks(self) -> int:
+        """Ranks that each hold a share of a batch: every rank, the worker splitting a batch over all of them (the
+        ranks of a sequence-parallel group pool their shares inside the engine, which counts data-parallel groups)."""
+        return self.engine.get_data_parallel_size() * self.engine.ulysses_sequence_parallel_size
 
     def _update_old_policy(self) -> float:
         """The old-policy adapter's soft update after this update's optimizer steps; returns its decay."""

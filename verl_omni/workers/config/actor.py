@@ -52,6 +52,11 @@ class DiffusionActorConfig(BaseConfig):
             ``verl_omni.trainer.config.validation``): a LoRA update is the product of two trained factors, and an
             average of the factors is not the average of the products, so it would not be an average of the
             policies trained (``docs/guide/training.md``).
+        ulysses_sequence_parallel_size (int): verl's key: ranks that split each sample's tokens in the replay
+            (Ulysses: every rank of a group replays the group's samples on its slice of their tokens, heads traded by
+            all-to-all around attention; ``docs/guide/scale.md``). Must divide the transformer's attention heads and
+            ``trainer.n_gpus_per_node``, and the model must declare it can split (checked with the model in
+            ``verl_omni.trainer.config.validation``). 1 (default): no split. Copied into ``engine``, which reads it.
         engine (FSDPEngineConfig): verl's FSDP engine settings (``strategy`` must be ``fsdp2``).
         optim (FSDPOptimizerConfig): verl's optimizer and LR schedule settings.
         checkpoint (CheckpointConfig): verl's checkpoint settings (the engine writes the LoRA, or the full
@@ -70,6 +75,7 @@ class DiffusionActorConfig(BaseConfig):
     use_rollout_log_probs: bool = False
     rollout_log_prob_check_freq: int = 0
     ema_decay: float = 0.0
+    ulysses_sequence_parallel_size: int = 1
     engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
     optim: FSDPOptimizerConfig = field(default_factory=FSDPOptimizerConfig)
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(save_lora_only=True))
@@ -96,10 +102,24 @@ class DiffusionActorConfig(BaseConfig):
                 f"actor.ema_decay must be 0 (no EMA of the weights) or in (0, 1), e.g. 0.9; got {self.ema_decay!r}"
             )
         self._check_optim()
+        self._mirror_sequence_parallel()
         if self.engine.strategy != "fsdp2":
             raise ValueError(
                 f"actor.engine.strategy must be 'fsdp2' for diffusion models, got {self.engine.strategy!r}"
             )
+
+    def _mirror_sequence_parallel(self) -> None:
+        """verl's actor key is the one to set; the engine reads its own copy (as verl's actor hands it over)."""
+        degree = self.ulysses_sequence_parallel_size
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise ValueError(f"actor.ulysses_sequence_parallel_size must be an integer >= 1, got {degree!r}")
+        engine_degree = self.engine.ulysses_sequence_parallel_size
+        if engine_degree not in (1, degree):
+            raise ValueError(
+                f"actor.engine.ulysses_sequence_parallel_size={engine_degree} differs from "
+                f"actor.ulysses_sequence_parallel_size={degree}: set actor.ulysses_sequence_parallel_size only"
+            )
+        self.engine.ulysses_sequence_parallel_size = degree
 
     def _check_optim(self) -> None:
         """verl's optimizer config checks none of these; a bad one shows only as a NaN loss or a crash after step 1."""

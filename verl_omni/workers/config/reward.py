@@ -65,6 +65,20 @@ class ScorerConfig(BaseConfig):
         return scorer_cls.device_of(params)
 
 
+def scorer_config_from(entry: Any, key: str) -> ScorerConfig:
+    """A :class:`ScorerConfig` from a YAML mapping found at dotted config ``key`` (unknown keys are errors)."""
+    if isinstance(entry, ScorerConfig):
+        return entry
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"{key} must be a mapping with type/name/weight/required/params, got {entry!r}")
+    entry = {k: v for k, v in entry.items() if k != "_target_"}
+    allowed = {f.name for f in fields(ScorerConfig)} - {"_target_"}
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ValueError(f"{key}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+    return ScorerConfig(**entry)
+
+
 @dataclass
 class DiffusionRewardConfig(BaseConfig):
     """Reward loop for generated images (``reward.diffusion``).
@@ -150,17 +164,7 @@ class DiffusionRewardConfig(BaseConfig):
 
     @staticmethod
     def _as_scorer_config(entry: Any, index: int) -> ScorerConfig:
-        if isinstance(entry, ScorerConfig):
-            return entry
-        key = f"{CONFIG_KEY}.scorers[{index}]"
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"{key} must be a mapping with type/name/weight/required/params, got {entry!r}")
-        entry = {k: v for k, v in entry.items() if k != "_target_"}
-        allowed = {f.name for f in fields(ScorerConfig)} - {"_target_"}
-        unknown = sorted(set(entry) - allowed)
-        if unknown:
-            raise ValueError(f"{key}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-        return ScorerConfig(**entry)
+        return scorer_config_from(entry, f"{CONFIG_KEY}.scorers[{index}]")
 
     @classmethod
     def from_config(cls, node: Any) -> DiffusionRewardConfig:

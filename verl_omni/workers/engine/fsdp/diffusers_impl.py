@@ -25,6 +25,10 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   :meth:`weight_bucket`, :mod:`~verl_omni.workers.rollout.weight_buckets`);
 * with ``old_policy_adapter`` set before :meth:`initialize` (the algorithm's ``Phases``), a second,
   frozen LoRA adapter holding the old policy as an EMA of the trained one (:mod:`.old_adapter`);
+* with ``actor.ulysses_sequence_parallel_size`` = sp > 1 (verl's key, refused for a model whose adapter does not
+  declare ``supports_sequence_parallel``): verl's ``(dp, sp)`` mesh; the ranks of a group pool their samples and
+  replay them together, each transformer split by the adapter (:mod:`verl_omni.pipelines.sequence_parallel`,
+  :mod:`.sequence_group`); FSDP still shards over every rank, so a checkpoint resumes at any degree;
 * with ``ema_decay`` > 0 set before :meth:`initialize` (full fine-tuning's ``actor.ema_decay``), an fp32 EMA of the
   trained transformer's local shards on the host, updated after each optimizer step, for validation and export
   (:mod:`.ema`).
@@ -33,6 +37,7 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -46,8 +51,15 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
 
 from verl_omni.pipelines.model_base import SDE_WINDOW, get_model_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
+from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
+from verl_omni.workers.engine.fsdp.sequence_group import (
+    agree_rng_state,
+    check_sequence_parallel,
+    gather_group_batch,
+    own_rows,
+)
 from verl_omni.workers.utils.replay import SDEWindowReplay, get_replay
 from verl_omni.workers.utils.sample_mask import (
     SAMPLE_MASK_KEY,
@@ -126,10 +138,20 @@ class DiffusersFSDPEngine(FSDPEngine):
     def __init__(self, model_config, engine_config, optimizer_config, checkpoint_config):
         if engine_config.strategy != "fsdp2":
             raise ValueError(f"engine.strategy={engine_config.strategy!r}: DiffusersFSDPEngine supports 'fsdp2' only")
-        if engine_config.ulysses_sequence_parallel_size != 1:
-            raise ValueError("engine.ulysses_sequence_parallel_size must be 1 for diffusion models")
-        super().__init__(model_config, engine_config, optimizer_config, checkpoint_config)
-        self.adapter = get_model_adapter(model_config.path)
+        adapter = get_model_adapter(model_config.path)
+        degree = engine_config.ulysses_sequence_parallel_size
+        check_sequence_parallel(adapter, model_config.path, degree)
+        # verl's engine asks a language model's packed text (use_remove_padding) of a sequence-parallel run; the
+        # replay splits tokens itself, so verl builds its meshes at degree 1 and they are rebuilt at the degree below
+        single = dataclasses.replace(engine_config, ulysses_sequence_parallel_size=1)
+        super().__init__(model_config, single, optimizer_config, checkpoint_config)
+        self.engine_config = engine_config
+        # diffusers' (ring, ulysses) mesh of this rank's sequence-parallel group (None: no split)
+        self.context_parallel_mesh = None
+        if degree > 1:
+            self._init_device_mesh()
+            self.context_parallel_mesh = context_parallel_mesh(get_device_name(), degree)
+        self.adapter = adapter
         self.vae_scale_factor = self.adapter.vae_scale_factor(model_config.path)
         self.scheduler = None
         # a second LoRA adapter holding the old policy (set by the worker from the algorithm's phases)
@@ -166,6 +188,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
         module = self.adapter.build_module(self.model_config.path, dtype=dtype)
         self.module_class = type(module)
+        self._split_sequence(module)
         if self.model_config.enable_gradient_checkpointing:
             module.enable_gradient_checkpointing()
         if not self._is_lora:
@@ -206,6 +229,14 @@ class DiffusersFSDPEngine(FSDPEngine):
             old_adapter.add_old_adapter(module)
         return module
 
+    def _split_sequence(self, module) -> None:
+        """With a sequence-parallel degree > 1: the adapter's Ulysses split of ``module`` over this rank's group."""
+        if self.context_parallel_mesh is not None:
+            self.adapter.enable_sequence_parallel(module, self.context_parallel_mesh)
+            logger.info(
+                "sequence parallel: each sample's tokens split over %d ranks", self.ulysses_sequence_parallel_size
+            )
+
     def _mixed_precision(self) -> tuple[torch.dtype, torch.dtype]:
         """(param, reduce) dtypes: from ``engine.mixed_precision``, else bf16/fp32 on an accelerator, fp32 on CPU."""
         config = self.engine_config.mixed_precision
@@ -221,6 +252,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         """The frozen reference of full fine-tuning: the base transformer again, sharded like the trained one."""
         dtype = _dtype(self.engine_config.model_dtype or "fp32", "engine.model_dtype")
         module = self.adapter.build_module(self.model_config.path, dtype=dtype).requires_grad_(False)
+        self._split_sequence(module)
         self._shard(module)
         logger.info("frozen reference transformer built for the KL term (full fine-tuning)")
         return module.eval()
@@ -303,7 +335,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         steps, so the accumulated gradient is that of the mean over the B local samples × S steps (FSDP then
         averages over ranks). When training on a batch with a ``sample_mask`` ``[B]`` the loss sees only the
         kept rows and is weighted so that the gradient is the mean over the mini-batch's kept samples of all
-        ranks (:mod:`~verl_omni.workers.utils.sample_mask`); every row is still replayed.
+        ranks (:mod:`~verl_omni.workers.utils.sample_mask`); every row is still replayed. With sequence
+        parallelism the batch is the group's pooled samples, each loss weighted sp times (a group's ranks hold
+        parts of one gradient, which FSDP averages over every rank), and each rank returns its own rows.
 
         Returns:
             the replay's per-step outputs stacked to ``[B, S, ...]`` (an SDE window: ``log_probs`` ``[B, S]``,
@@ -312,6 +346,11 @@ class DiffusersFSDPEngine(FSDPEngine):
         spec = data.get_non_tensor(SAMPLING_SPEC_KEY)
         if not isinstance(spec, SamplingSpec):
             raise KeyError(f"data must carry a SamplingSpec under non-tensor key {SAMPLING_SPEC_KEY!r}")
+        own = None
+        if self.context_parallel_mesh is not None:
+            # the group's ranks replay the samples of all of them, each on its slice of the tokens
+            data, own = gather_group_batch(data, self.ulysses_parallel_group)
+            agree_rng_state(self.ulysses_parallel_group)
         replay = get_replay(data.get_non_tensor(ROLLOUT_RECORD_KEY, default=SDE_WINDOW))
         replay.check(data, spec, self.adapter)
         replay.prepare(self.adapter, self.scheduler, spec, data)
@@ -320,14 +359,17 @@ class DiffusersFSDPEngine(FSDPEngine):
         micro_batches = data.split(self._micro_batch_size(data))
         masked = not forward_only and SAMPLE_MASK_KEY in data.keys()
         kept_global = global_kept_count(data[SAMPLE_MASK_KEY], self.get_data_parallel_group()) if masked else 0
+        # FSDP averages gradients over every rank, and a sequence-parallel group's ranks each hold the gradient of
+        # their own tokens only, which sum to the group's: the loss counts once per group, not once per rank
+        split = self.ulysses_sequence_parallel_size
         outputs, metrics = [], {}
         for i, micro_batch in enumerate(micro_batches):
             if masked:
                 keep = micro_batch[SAMPLE_MASK_KEY]
                 dp = self.get_data_parallel_size()
-                weight = step_loss_weight(int(keep.sum()), kept_global, dp, len(steps))
+                weight = split * step_loss_weight(int(keep.sum()), kept_global, dp, len(steps))
             else:
-                keep, weight = None, micro_batch.batch_size[0] / (size * len(steps))
+                keep, weight = None, split * micro_batch.batch_size[0] / (size * len(steps))
             is_last = i == len(micro_batches) - 1
             outputs.append(
                 self._replay_micro_batch(
@@ -335,6 +377,8 @@ class DiffusersFSDPEngine(FSDPEngine):
                 )
             )
         output = {key: torch.cat([o[key] for o in outputs]).cpu() for key in outputs[0]}
+        if own is not None:
+            output = own_rows(output, own)
         output["metrics"] = metrics
         return output
 

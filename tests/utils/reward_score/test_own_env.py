@@ -1,0 +1,59 @@
+"""An own-environment scorer: its script runs under its pinned numpy 1.x (the trainer has numpy 2), batches cross
+as raw bytes, and a child that dies is an error naming the scorer and its environment, not restarted."""
+
+import numpy
+import pytest
+import torch
+
+from verl_omni.utils.reward_score import ScoreBatch, ScorerError
+from verl_omni.utils.reward_score.brightness_numpy1 import BrightnessNumpy1Scorer
+from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def scorer(scorer_env_dir):
+    """One scorer (one child process) for the module; its environment in the suite's cache (built once)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
+    scorer = BrightnessNumpy1Scorer()
+    yield scorer
+    scorer.close()
+    patch.undo()
+
+
+def _batch(*values: int, frames: int | None = None) -> ScoreBatch:
+    shape = (3, 4, 5) if frames is None else (frames, 3, 4, 5)
+    images = torch.stack([torch.full(shape, v, dtype=torch.uint8) for v in values])
+    return ScoreBatch(images, [f"p{i}" for i in range(len(values))])
+
+
+def test_scores_images_and_videos_in_its_own_numpy(scorer):
+    assert numpy.__version__ != "1.26.4"  # else the pin would not conflict
+    assert scorer.score_sync(_batch(0, 255, 51)) == pytest.approx([0.0, 1.0, 0.2])
+    process = scorer._process
+    assert scorer.score_sync(_batch(102, frames=2)) == pytest.approx([0.4])
+    assert scorer._process is process  # one persistent child
+
+
+def test_a_dead_child_is_an_error_naming_the_scorer_and_environment_and_stays_one(scorer):
+    scorer.score_sync(_batch(1))
+    scorer._process.kill()
+    scorer._process.wait()
+    for _ in range(2):  # no silent restart
+        with pytest.raises(ScorerError, match=rf"BrightnessNumpy1Scorer.*{scorer.environment().key()}"):
+            scorer.score_sync(_batch(1))
+
+
+def test_an_environment_that_cannot_be_built_fails_before_ray_naming_scorer_and_package(scorer_env_dir, monkeypatch):
+    from verl_omni.trainer.config.validation import build_scorer_environments
+    from verl_omni.utils.reward_score.environment import ScorerEnvironmentError
+    from verl_omni.workers.config.reward import DiffusionRewardConfig, ScorerConfig
+
+    bad = "verl-omni-no-such-package-for-tests==0.0.1"
+    monkeypatch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
+    monkeypatch.setattr(BrightnessNumpy1Scorer, "requirements", (bad,))
+    reward = DiffusionRewardConfig(scorers=[ScorerConfig(type="brightness"), ScorerConfig(type="brightness_numpy1")])
+    with pytest.raises(ScorerEnvironmentError, match=rf"scorers\[1\] \('brightness_numpy1'\).*failed on {bad}"):
+        build_scorer_environments(reward)

@@ -1,0 +1,56 @@
+"""A scorer's own environment: built once from its requirements with a pin the trainer's environment does not have,
+cached under its key, and a requirement that cannot install fails naming it."""
+
+import subprocess
+
+import numpy
+import pytest
+
+from verl_omni.utils.reward_score.environment import DONE_FILE, ScorerEnvironment, ScorerEnvironmentError, build
+
+OLD_NUMPY = "numpy==1.26.4"
+
+
+@pytest.fixture(scope="session")
+def env_root(tmp_path_factory):
+    """One cache directory for the session: an environment is built once however many tests use it."""
+    return tmp_path_factory.mktemp("scorer_envs")
+
+
+def test_key_ignores_requirement_order_and_tells_pins_apart():
+    a = ScorerEnvironment(("numpy==1.26.4", "pillow"))
+    assert a.key() == ScorerEnvironment(("pillow", "numpy==1.26.4")).key()
+    assert a.key() != ScorerEnvironment(("numpy==1.26.3", "pillow")).key()
+    assert a.key() != ScorerEnvironment(("numpy==1.26.4", "pillow"), python="3.10").key()
+
+
+def test_empty_requirements_are_refused():
+    with pytest.raises(ValueError, match="requirements must be non-empty"):
+        ScorerEnvironment(())
+
+
+@pytest.mark.slow
+def test_a_conflicting_pin_gets_its_own_environment_built_once(env_root):
+    assert numpy.__version__ != "1.26.4"
+    environment = ScorerEnvironment((OLD_NUMPY,))
+    path = build(environment, env_root)
+    done = (path / DONE_FILE).stat().st_mtime_ns
+    version = subprocess.run(
+        [str(environment.python_executable(env_root)), "-c", "import numpy; print(numpy.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert version == "1.26.4"
+    assert build(environment, env_root) == path
+    assert (path / DONE_FILE).stat().st_mtime_ns == done
+    assert [p.name for p in env_root.iterdir()] == [environment.key()]
+
+
+@pytest.mark.slow
+def test_a_requirement_that_cannot_install_fails_naming_it(env_root):
+    bad = "verl-omni-no-such-package-for-tests==0.0.1"
+    environment = ScorerEnvironment((bad,))
+    with pytest.raises(ScorerEnvironmentError, match=f"failed on {bad}"):
+        build(environment, env_root)
+    assert not environment.path(env_root).exists()
