@@ -161,6 +161,8 @@ class DiffusersFSDPEngine(FSDPEngine):
         # full fine-tuning with a KL term: a frozen sharded copy of the base transformer (set by the worker)
         self.needs_reference = False
         self.reference_module = None
+        # the update's replay predicts the reference velocity beside the trained one (the algorithm's Phases)
+        self.reference_in_update = False
         # the trained module's own class (FSDP2 subclasses it in place): checkpoints rebuild it to save_pretrained
         self.module_class = None
         # full fine-tuning's EMA of the weights (actor.ema_decay, set by the worker; 0: none)
@@ -322,8 +324,12 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def replay(self, micro_batch: TensorDict, step: int, spec: SamplingSpec, replay=SDEWindowReplay):
         """Recorded step ``step`` of one micro-batch replayed with the policy (``replay.step``; for an SDE
-        window: log π_θ, μ_θ, s, see :func:`~verl_omni.workers.utils.replay.replay_step`)."""
-        return replay.step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
+        window: log π_θ, μ_θ, s, see :func:`~verl_omni.workers.utils.replay.replay_step`); with
+        ``reference_in_update`` the replay also runs the reference policy (:meth:`reference_policy`)."""
+        reference = self.reference_policy if self.reference_in_update else None
+        return replay.step(
+            self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor, reference
+        )
 
     def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only=False) -> dict:
         """Replay the recorded steps of ``data`` in micro-batches; backward per (micro-batch, step) when training.
@@ -422,11 +428,12 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     @contextmanager
     def reference_policy(self):
-        """The reference policy of the KL term: LoRA switched off, or (full fine-tuning) the frozen base copy."""
+        """The reference policy (of the KL term, or Diffusion-DPO's): LoRA switched off, or (full fine-tuning) the
+        frozen base copy; yields the module that computes it."""
         if self._is_lora:
             self.module.disable_adapters()
             try:
-                yield
+                yield self.module
             finally:
                 self.module.enable_adapters()
             return
@@ -437,7 +444,7 @@ class DiffusersFSDPEngine(FSDPEngine):
             )
         trained, self.module = self.module, self.reference_module
         try:
-            yield
+            yield self.module
         finally:
             self.module = trained
 
