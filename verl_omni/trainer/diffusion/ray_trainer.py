@@ -381,16 +381,24 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         return combined.to(scores.device)
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
-        when the step's rewards or advantages are not finite under ``trainer.nan_policy=skip_step``."""
+        """The algorithm's update; none when ``drop_zero_std_groups`` or the algorithm's update layout left every sample
+        out (logged, not an error), or when the step's rewards or advantages are not finite under
+        ``trainer.nan_policy=skip_step``."""
         if self._skip_update:
             return batch
         skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
-        rows = batch.meta_info.get(UPDATE_ROWS_KEY)
-        skip = skip or (rows is not None and not bool(rows.keep.any()))
         metrics["critic/score/zero_std_update_skipped"] = float(skip)
         if skip:
             logger.warning("step %d: every prompt group's rewards are equal: no update", self.global_steps)
+            return batch
+        rows = batch.meta_info.get(UPDATE_ROWS_KEY)
+        if rows is not None and not bool(rows.keep.any()):
+            logger.warning(
+                "step %d: the algorithm's update layout trains no sample (a preference pair needs unequal rewards): "
+                "no update",
+                self.global_steps,
+            )
+            metrics["critic/score/zero_std_update_skipped"] = 1.0
             return batch
         if rows is None:
             # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means), and the mask
