@@ -200,13 +200,16 @@ def test_hydra_group_gives_the_defaults_and_an_ode_rollout_that_validates(compos
     configs = validate_config(compose("algorithm=diffusion_dpo"))
     assert configs.algorithm == DiffusionDPOConfig()
     assert configs.rollout.sampling_spec().noise_level == 0.0 and configs.rollout.true_cfg_scale == 1.0
+    # full fine-tuning too: its reference is the engine's frozen copy of the base transformer
+    assert (
+        validate_config(compose("algorithm=diffusion_dpo", "actor_rollout_ref.model.lora.rank=0")).model.lora.rank == 0
+    )
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         (["actor_rollout_ref.rollout.noise_level=0.7"], "trains on ODE samples: set actor_rollout_ref.rollout"),
-        (["actor_rollout_ref.model.lora.rank=0"], "set actor_rollout_ref.model.lora.rank > 0"),
         (["actor_rollout_ref.actor.kl_beta=0.01"], "actor_rollout_ref.actor.kl_beta must be 0"),
         (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"], "ppo_micro_batch_size_per_gpu must be even"),
         (["actor_rollout_ref.actor.shuffle=true"], "set actor_rollout_ref.actor.shuffle=false"),

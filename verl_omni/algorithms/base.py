@@ -104,7 +104,8 @@ class Phases:
         old_policy_adapter: the actor keeps the old policy as a second LoRA adapter on the same base, an EMA
             of the trained one, updated after each update with :meth:`Algorithm.old_policy_decay`.
         reference_in_update: each replayed step of the update also predicts the reference policy's velocity at the
-            same input, without gradient (the LoRA disabled), for a loss that compares the two at the very noise
+            same input, without gradient (the LoRA disabled, or full fine-tuning's frozen copy, which the engine then
+            builds), for a loss that compares the two at the very noise
             it trains on (Diffusion-DPO); a separate ``ref`` phase could not, its noise being drawn anew.
     """
 

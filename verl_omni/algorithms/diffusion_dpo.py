@@ -3,7 +3,8 @@
 The rollout samples clean images with the ODE (the ``ode_samples`` record). Each prompt group's rollouts become
 preference pairs by their rewards (its best against its worst, or every pair above a reward margin:
 :func:`~verl_omni.algorithms.diffusion_dpo_math.preference_pairs`), and the update trains the pair loss of
-:mod:`~verl_omni.algorithms.diffusion_dpo_math` against the frozen reference, the model with its LoRA disabled:
+:mod:`~verl_omni.algorithms.diffusion_dpo_math` against the frozen reference (the model with its LoRA disabled, or
+under full fine-tuning the engine's frozen copy of the base transformer):
 
     −log sigmoid(−β/2 · [(e_θ(x⁺) − e_ref(x⁺)) − (e_θ(x⁻) − e_ref(x⁻))]),   e(x) = mean‖v(x_σ, σ) − (ε − x)‖².
 
@@ -15,8 +16,8 @@ What the loss needs of the engine, and how it gets it:
   left out of the loss by the ``sample_mask`` (a group's samples between its best and its worst train nothing);
 * the same σ and ε for a pair's two samples: σ is the replayed schedule step's, one per forward; ε is drawn once
   per pair (the replay's ``noise_group`` key, :func:`~verl_omni.workers.utils.replay.forward_noise`);
-* the reference's errors at that same noise, without gradient: the replay runs the model with the LoRA disabled
-  before the trained forward (``Phases.reference_in_update``).
+* the reference's errors at that same noise, without gradient: the replay runs the reference policy before the
+  trained forward (``Phases.reference_in_update``).
 
 The paper draws one timestep per pair; here a mini-batch's pairs share each replayed step, ``num_train_steps`` of
 them drawn from strata of the schedule as AWM draws them (:func:`~verl_omni.algorithms.awm.stratified_steps`).
@@ -174,8 +175,8 @@ class DiffusionDPOLoss(AlgorithmLoss):
 
 @register_algorithm("diffusion_dpo")
 class DiffusionDPO(Algorithm):
-    """Online Diffusion-DPO: ODE rollouts, preference pairs of each prompt group, the pair loss against the
-    LoRA-disabled reference (``algorithm=diffusion_dpo``)."""
+    """Online Diffusion-DPO: ODE rollouts, preference pairs of each prompt group, the pair loss against the frozen
+    reference (``algorithm=diffusion_dpo``)."""
 
     title = "Diffusion-DPO"
     config_cls = DiffusionDPOConfig
@@ -203,17 +204,12 @@ class DiffusionDPO(Algorithm):
 
     @classmethod
     def check(cls, configs) -> None:
-        """ODE rollouts, a LoRA (its reference is the LoRA disabled), no KL term, pairs kept in one micro-batch."""
+        """ODE rollouts, no KL term, pairs kept in one micro-batch."""
         name = configs.algorithm.name
         if configs.rollout.noise_level != 0:
             raise ValueError(
                 f"algorithm={name} trains on ODE samples: set actor_rollout_ref.rollout.noise_level=0 "
                 f"(got {configs.rollout.noise_level})"
-            )
-        if configs.model.lora.rank <= 0:
-            raise ValueError(
-                f"algorithm={name} compares with the reference as the model with its LoRA disabled; full "
-                "fine-tuning's frozen copy is not wired into its update: set actor_rollout_ref.model.lora.rank > 0"
             )
         if configs.actor.kl_beta != 0:
             raise ValueError(

@@ -1,6 +1,7 @@
-"""One Diffusion-DPO update on the real ``DiffusersFSDPEngine`` (one gloo rank, FSDP2, peft LoRA, tiny Qwen-Image):
-the loss the engine back-propagates is the pair formula evaluated on the engine's own forwards, a pair's samples
-share their noise, the reference forward is the base model (LoRA disabled) without gradient, and the LoRA moves.
+"""One Diffusion-DPO update on the real ``DiffusersFSDPEngine`` (one gloo rank, FSDP2, tiny Qwen-Image), with a peft
+LoRA and with full fine-tuning: the loss the engine back-propagates is the pair formula evaluated on the engine's own
+forwards, a pair's samples share their noise, the reference forward is the base model (the LoRA disabled, or the
+frozen copy) without gradient, and the trained weights move.
 
 The loss is watched, not replaced: a recorder keeps what the engine hands the algorithm's own loss and what it
 returns. The LoRA starts random (not zero), so the trained policy and the reference differ from the first forward.
@@ -43,16 +44,20 @@ class RecordingLoss:
         return loss, metrics
 
 
-@pytest.fixture(scope="module")
-def update(process_group, tiny_qwen_image_path):
-    """The actor after one update on two preference pairs, what the loss saw, the spec and the LoRA before."""
+@pytest.fixture(scope="module", params=[4, 0], ids=["lora", "full"])
+def update(request, process_group, tiny_qwen_image_path):
+    """The actor (LoRA rank ``param``, 0: full fine-tuning) after one update on two preference pairs, what the loss
+    saw, the spec and the trained weights before."""
     from verl_omni.pipelines.sampling import SamplingSpec
+    from verl_omni.workers.engine.fsdp.policy_versions import trainable_shards
     from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
     config = DiffusionDPOConfig(beta=BETA, num_train_steps=1)
     actor = build_actor(
         tiny_qwen_image_path,
         lora_init=False,
+        lora_rank=request.param,
+        lr=1e-3 if request.param == 0 else 1e-2,
         algorithm_config=config,
         ppo_mini_batch_size=2,
         rollout_n=2,
@@ -74,11 +79,11 @@ def update(process_group, tiny_qwen_image_path):
     batch = samples[rows.order]
     batch.update(rows.keys | {SAMPLE_MASK_KEY: rows.keep})
     spec = SamplingSpec(num_inference_steps=4, height=SIZE, width=SIZE, noise_level=0.0, true_cfg_scale=1.0)
-    lora_before = {k: v.clone() for k, v in engine.lora_state_dict().items()}
+    before = trainable_shards(engine.module)
     recorder = RecordingLoss(actor.loss_fn)
     actor.loss_fn = recorder
     metrics = actor.update_policy(batch, spec)
-    return actor, recorder.calls, metrics, spec, rows, lora_before
+    return actor, recorder.calls, metrics, spec, rows, before
 
 
 def test_the_pairs_arrive_whole_in_one_micro_batch_chosen_first(update):
@@ -92,12 +97,14 @@ def test_the_pairs_arrive_whole_in_one_micro_batch_chosen_first(update):
 def test_a_pairs_two_samples_share_their_noise_and_sigma(update):
     _, calls, _, _, _, _ = update
     replayed = calls[0][0]
+    # one σ per replayed step (the schedule's first is 1: pure noise)
+    assert len(set(replayed.sigma.tolist())) == 1 and 0 < replayed.sigma[0] <= 1
+    # σ·ε = x_σ − (1 − σ)·x_0 of each row: equal within a pair, different across pairs
     sigma = replayed.sigma.view(-1, 1, 1)
-    eps = (replayed.noisy - (1 - sigma) * replayed.clean) / sigma
-    torch.testing.assert_close(eps[0], eps[1], rtol=0, atol=1e-5)
-    torch.testing.assert_close(eps[2], eps[3], rtol=0, atol=1e-5)
-    assert (eps[0] - eps[2]).abs().max() > 0.1
-    assert len(set(replayed.sigma.tolist())) == 1 and 0 < replayed.sigma[0] < 1
+    scaled_noise = replayed.noisy - (1 - sigma) * replayed.clean
+    torch.testing.assert_close(scaled_noise[0], scaled_noise[1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(scaled_noise[2], scaled_noise[3], rtol=0, atol=1e-5)
+    assert (scaled_noise[0] - scaled_noise[2]).abs().max() > 0.1 * replayed.sigma[0]
 
 
 def test_the_reference_is_the_base_model_without_gradient_and_the_policy_differs(update, tiny_qwen_image_path):
@@ -112,7 +119,12 @@ def test_the_reference_is_the_base_model_without_gradient_and_the_policy_differs
     with torch.no_grad():
         expected = engine.adapter.step_velocity(base, view, 0, spec, engine.vae_scale_factor).float()
     torch.testing.assert_close(replayed.reference_velocity, expected, rtol=0, atol=1e-4)
-    assert (replayed.velocity.detach() - expected).abs().max() > 1e-3
+    if actor.engine._is_lora:
+        # a random LoRA: the trained policy is not the base model
+        assert (replayed.velocity.detach() - expected).abs().max() > 1e-3
+    else:
+        # full fine-tuning starts from the base weights, which the frozen copy keeps
+        torch.testing.assert_close(replayed.velocity.detach(), expected, rtol=0, atol=1e-4)
 
 
 def test_the_loss_is_the_pair_formula_on_the_engines_forwards(update):
@@ -135,8 +147,20 @@ def test_the_loss_is_the_pair_formula_on_the_engines_forwards(update):
     assert metrics["actor/skipped_mini_batches"] == 0
 
 
-def test_one_update_moves_the_lora(update):
-    actor, _, metrics, _, _, lora_before = update
+def test_one_update_moves_the_trained_weights_and_not_the_reference(update, tiny_qwen_image_path):
+    from verl_omni.workers.engine.fsdp.policy_versions import trainable_shards
+
+    actor, _, metrics, _, _, before = update
     assert 0 < metrics["actor/grad_norm"] < float("inf")
-    after = actor.engine.lora_state_dict()
-    assert max((after[k] - v).abs().max().item() for k, v in lora_before.items()) > 0
+    after = trainable_shards(actor.engine.module)
+    assert before and after.keys() == before.keys()
+    assert max((after[k] - v).abs().max().item() for k, v in before.items()) > 0
+    if actor.engine._is_lora:
+        assert all("lora_" in name for name in after)
+    else:
+        # the frozen copy still holds the base weights
+        base = actor.engine.adapter.build_module(tiny_qwen_image_path, dtype=torch.float32).state_dict()
+        frozen = {
+            n: getattr(p, "full_tensor", lambda p=p: p)() for n, p in actor.engine.reference_module.state_dict().items()
+        }
+        assert all(torch.equal(frozen[n], base[n]) for n in base)

@@ -167,8 +167,9 @@ class ForwardNoisedStep(NamedTuple):
         velocity (`torch.Tensor`, ``[B, S, C]``): v_θ(x_σ, σ) of the trained policy (fp32, with gradients).
         old_velocity (`torch.Tensor` or None): v_old(x_σ, σ) of the old-policy adapter (no gradients); None
             when the module has no old-policy adapter.
-        reference_velocity (`torch.Tensor` or None): v_ref(x_σ, σ) of the reference policy (the LoRA disabled; no
-            gradients); None unless the algorithm declares ``Phases.reference_in_update``.
+        reference_velocity (`torch.Tensor` or None): v_ref(x_σ, σ) of the reference policy (the LoRA disabled, or
+            full fine-tuning's frozen copy; no gradients); None unless the algorithm declares
+            ``Phases.reference_in_update``.
     """
 
     clean: torch.Tensor
