@@ -369,13 +369,15 @@ PAIRING_MODELS = (
     "qwen_image_edit_plus",
 )
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
-# what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's and AWM's record)
+# what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's, AWM's and
+# Diffusion-DPO's record)
 # what a model needs besides the defaults whatever the algorithm: Z-Image cannot take an SDE step on its last step
 # (sigma 0 -> 0), and the default window covers every step
 MODEL_OVERRIDES = {"z_image": ["actor_rollout_ref.rollout.sde_window_size=2"]}
 REFUSED_PAIRINGS = {
     ("bagel", "diffusion_nft"): "needs a rollout that records 'ode_samples'",
     ("bagel", "awm"): "needs a rollout that records 'ode_samples'",
+    ("bagel", "diffusion_dpo"): "needs a rollout that records 'ode_samples'",
 }
 # sampler settings given by hand that a model's rollout pipeline cannot run (MixGRPO-Flash on BAGEL's own loop)
 REFUSED_SAMPLERS = [

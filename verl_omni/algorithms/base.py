@@ -39,6 +39,11 @@ ALGORITHM_ENTRY_POINT_GROUP = "verl_omni.algorithms"
 DEFAULT_ALGORITHM = "flow_grpo"
 
 
+# a per-sample int64 key of an update batch: samples with the same value are noised with the same ε at a replayed
+# step of the ode_samples replay (a preference pair's two samples, whose errors compare only at one noise); absent,
+# every sample draws its own
+NOISE_GROUP_KEY = "noise_group"
+
 # how a metric's values (one per replayed step and micro-batch, on every rank) become one number
 REDUCTIONS = ("mean", "sum", "max", "min")
 
@@ -98,12 +103,43 @@ class Phases:
             ``old_prev_sample_mean``).
         old_policy_adapter: the actor keeps the old policy as a second LoRA adapter on the same base, an EMA
             of the trained one, updated after each update with :meth:`Algorithm.old_policy_decay`.
+        reference_in_update: each replayed step of the update also predicts the reference policy's velocity at the
+            same input, without gradient (the LoRA disabled, or full fine-tuning's frozen copy, which the engine then
+            builds), for a loss that compares the two at the very noise
+            it trains on (Diffusion-DPO); a separate ``ref`` phase could not, its noise being drawn anew.
     """
 
     old_log_prob: bool = True
     reference: bool = False
     old_outputs: tuple[str, ...] = ("log_probs",)
     old_policy_adapter: bool = False
+    reference_in_update: bool = False
+
+
+@dataclass(frozen=True)
+class UpdateRows:
+    """How an algorithm lays out the step's update batch (:meth:`Algorithm.arrange_update`).
+
+    The layout keeps the batch's size, so the data-parallel, mini- and micro-batch divisions still hold; the rows
+    it does not train on are left out of the loss by the ``sample_mask`` (:mod:`verl_omni.workers.utils.sample_mask`).
+
+    Args:
+        order (`torch.Tensor`, ``[B]`` long): the step's sample each update row is (a sample may appear twice).
+        keep (`torch.Tensor`, ``[B]`` bool): the update rows the loss trains on.
+        keys (`dict[str, torch.Tensor]`): per-row tensors ``[B]`` of the update rows that the loss reads.
+        metrics (`dict[str, float]`): logged with the step's metrics.
+    """
+
+    order: torch.Tensor
+    keep: torch.Tensor
+    keys: dict[str, torch.Tensor]
+    metrics: dict[str, float]
+
+    def __post_init__(self):
+        size = self.order.shape[0]
+        wrong = {k: tuple(v.shape) for k, v in {"keep": self.keep, **self.keys}.items() if tuple(v.shape) != (size,)}
+        if self.order.ndim != 1 or wrong:
+            raise ValueError(f"UpdateRows: order must be [B] and keep and every key [B] too; got {wrong}")
 
 
 class AlgorithmLoss:
@@ -174,6 +210,8 @@ class Algorithm:
             records, so the ``old_log_prob`` phase runs even when ``actor.use_rollout_log_probs`` is set.
         old_policy_adapter (`bool`): the old policy is an EMA adapter beside the trained LoRA
             (see :class:`Phases`; the decay is :meth:`old_policy_decay`).
+        reference_in_update (`bool`): the update's replay predicts the reference velocity beside the trained one
+            (see :class:`Phases`).
     """
 
     name: ClassVar[str] = ""
@@ -185,6 +223,7 @@ class Algorithm:
     old_outputs: ClassVar[tuple[str, ...]] = ("log_probs",)
     needs_old_log_prob_recompute: ClassVar[bool] = False
     old_policy_adapter: ClassVar[bool] = False
+    reference_in_update: ClassVar[bool] = False
 
     @classmethod
     def display_name(cls) -> str:
@@ -200,6 +239,7 @@ class Algorithm:
             reference=actor_config.kl_beta > 0,
             old_outputs=cls.old_outputs,
             old_policy_adapter=cls.old_policy_adapter,
+            reference_in_update=cls.reference_in_update,
         )
 
     @classmethod
@@ -211,6 +251,12 @@ class Algorithm:
     def compute_advantage(cls, scores: torch.Tensor, index: Sequence, config: AlgorithmConfig) -> torch.Tensor:
         """Per-sample advantages ``[B]`` from rewards ``scores`` ``[B]`` and group ids ``index`` (the prompt uid)."""
         raise NotImplementedError(f"{cls.__name__} must define compute_advantage")
+
+    @classmethod
+    def arrange_update(cls, scores: torch.Tensor, index: Sequence, config: AlgorithmConfig) -> UpdateRows | None:
+        """The update batch's layout from rewards ``scores`` ``[B]`` and group ids ``index``; None (the default): the
+        batch as it is. A loss that couples samples (a preference pair) lays them out here so they meet."""
+        return None
 
     @classmethod
     def build_loss(cls, actor_config, config: AlgorithmConfig) -> AlgorithmLoss:

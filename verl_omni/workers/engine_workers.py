@@ -92,6 +92,8 @@ class DiffusionActorWorker(TrainingWorker):
         self.engine.old_policy_adapter = phases.old_policy_adapter
         # full fine-tuning's reference is a frozen copy: built only when a KL term needs it
         self.engine.needs_reference = phases.reference
+        # the reference velocity beside the trained one in the update's replay (Diffusion-DPO)
+        self.engine.reference_in_update = phases.reference_in_update
         # full fine-tuning's EMA of the weights (validation and export), built with the sharded model
         self.engine.ema_decay = self.actor_config.ema_decay
         self.engine.initialize()

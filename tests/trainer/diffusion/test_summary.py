@@ -159,7 +159,9 @@ def test_reward_curve_draws_both_series_rising(run_dir, tmp_path):
     assert _pixels(image, ORANGE)[:, 1].min() < _pixels(image, BLUE)[:, 1].min()
 
 
-@pytest.mark.parametrize("name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft", "awm"])
+@pytest.mark.parametrize(
+    "name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft", "awm", "diffusion_dpo"]
+)
 def test_the_summary_names_the_registered_algorithm_run(run_dir, name):
     """The first line names the algorithm as it registered itself (its ``title``), not Flow-GRPO for every run."""
     from verl_omni.algorithms import get_algorithm

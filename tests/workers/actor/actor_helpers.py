@@ -50,6 +50,7 @@ def build_actor(
     phases = get_algorithm(algorithm_config.name).phases(algorithm_config, actor_config)
     engine.old_policy_adapter = phases.old_policy_adapter
     engine.needs_reference = phases.reference
+    engine.reference_in_update = phases.reference_in_update
     engine.ema_decay = actor_config.ema_decay
     engine.initialize()
     return DiffusionActor(engine, actor_config, algorithm_config)

@@ -53,6 +53,7 @@ ALGORITHM_OVERRIDES = {
     },
     "diffusion_nft": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
     "awm": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
+    "diffusion_dpo": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
 }
 GROUP_SIZE = 2
 # made-up rewards: within each prompt group one sample better than the other
@@ -221,6 +222,12 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
         batch[SAMPLE_MASK_KEY] = ~zero_std_groups(rewards, uids)[0]
         assert batch[SAMPLE_MASK_KEY].tolist() == [True, True, False, False]
         update_keys = (SAMPLE_MASK_KEY,)
+    # the trainer's layout of the update rows, for an algorithm whose loss couples samples (its mask replaces one)
+    rows = algorithm.arrange_update(rewards, uids, configs.algorithm)
+    if rows is not None:
+        batch = batch[rows.order]
+        batch.update(rows.keys | {SAMPLE_MASK_KEY: rows.keep})
+        update_keys = (*rows.keys, SAMPLE_MASK_KEY)
     if algorithm.uses_log_probs:
         batch["rollout_log_probs"] = recorded["rollout_log_probs"]
 
@@ -257,7 +264,7 @@ def test_one_update_of_each_algorithm_on_its_own_rollout(
     for key in ON_POLICY_METRICS:
         if f"actor/{key}" in metrics:
             assert abs(metrics[f"actor/{key}"]) < ON_POLICY_ATOL[device.type], f"{name}: {key} off-policy"
-    if drop_zero_std_groups:
+    if drop_zero_std_groups or rows is not None:
         assert metrics["actor/skipped_mini_batches"] == 0  # one mini-batch of 4, two rows kept
     if phases.old_policy_adapter:
         # one update = one optimizer step here; the old adapter's EMA took the algorithm's decay after it

@@ -51,6 +51,9 @@ from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
 
+# where the adv phase leaves an algorithm's update layout for the update phase (DataProto.meta_info)
+UPDATE_ROWS_KEY = "update_rows"
+
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
@@ -325,6 +328,11 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         zero_std, zero_std_frac = zero_std_groups(advantage_scores, uids)
         if self.drop_zero_std_groups:
             batch.batch[SAMPLE_MASK_KEY] = ~zero_std.cpu()
+        # an algorithm whose loss couples samples lays out the update rows (Algorithm.arrange_update)
+        rows = self.algorithm.arrange_update(advantage_scores, uids, self.configs.algorithm)
+        if rows is not None:
+            batch.meta_info[UPDATE_ROWS_KEY] = rows
+            metrics.update(rows.metrics)
         metrics.update(
             {
                 "critic/score/mean": scores.mean().item(),
@@ -373,8 +381,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         return combined.to(scores.device)
 
     def _update_actor(self, batch: DataProto, metrics: dict) -> DataProto:
-        """The algorithm's update; none when ``drop_zero_std_groups`` left every sample out (logged, not an error), or
-        when the step's rewards or advantages are not finite under ``trainer.nan_policy=skip_step``."""
+        """The algorithm's update; none when ``drop_zero_std_groups`` or the algorithm's update layout left every sample
+        out (logged, not an error), or when the step's rewards or advantages are not finite under
+        ``trainer.nan_policy=skip_step``."""
         if self._skip_update:
             return batch
         skip = self.drop_zero_std_groups and not bool(batch.batch[SAMPLE_MASK_KEY].any())
@@ -382,10 +391,33 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if skip:
             logger.warning("step %d: every prompt group's rewards are equal: no update", self.global_steps)
             return batch
-        # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means), and the mask
-        output = self.actor_rollout_wg.update_actor(self._actor_input(batch, self.update_keys))
+        rows = batch.meta_info.get(UPDATE_ROWS_KEY)
+        if rows is not None and not bool(rows.keep.any()):
+            logger.warning(
+                "step %d: the algorithm's update layout trains no sample (a preference pair needs unequal rewards): "
+                "no update",
+                self.global_steps,
+            )
+            metrics["critic/score/zero_std_update_skipped"] = 1.0
+            return batch
+        if rows is None:
+            # the keys the algorithm's loss declares (e.g. log π_old, advantages, the reference's means), and the mask
+            request = self._actor_input(batch, self.update_keys)
+        else:
+            request = self._arranged_input(batch, rows)
+        output = self.actor_rollout_wg.update_actor(request)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))  # per rank, equal (reduced over ranks)
         return batch
+
+    def _arranged_input(self, batch: DataProto, rows) -> DataProto:
+        """The update batch laid out as the algorithm's :class:`~verl_omni.algorithms.UpdateRows` say: its rows in
+        their order, the loss's per-row keys, and the rows it trains on as the ``sample_mask``."""
+        given = [k for k in self.loss_keys if k not in rows.keys]
+        request = self._actor_input(batch, tuple(given)).select_idxs(rows.order)
+        for key, values in rows.keys.items():
+            request.batch[key] = values
+        request.batch[SAMPLE_MASK_KEY] = rows.keep
+        return request
 
     def _sync_weights(self, metrics: dict) -> None:
         """The actor's weights to every replica, checked there (or this raises): :attr:`weight_sync`."""

@@ -6,9 +6,10 @@ per mini-batch, gradients accumulated over micro-batches × replayed steps insid
 The loss and the rollout record are the algorithm's (``algorithm=<name>``); every metric the loss
 returns is reduced with the reduction it declares (``AlgorithmLoss.metric_reductions``, mean when
 not declared) over steps, mini-batches and the data-parallel ranks, so every rank returns the same
-numbers. With ``algorithm.drop_zero_std_groups`` the batch carries a ``sample_mask``: the engine trains
-on the kept samples only (:mod:`~verl_omni.workers.utils.sample_mask`), and a mini-batch with no kept
-sample on any rank is skipped (no optimizer step; ``actor/skipped_mini_batches``).
+numbers. With ``algorithm.drop_zero_std_groups``, or an algorithm that lays out its update rows
+(``Algorithm.arrange_update``), the batch carries a ``sample_mask``: the engine trains on the kept samples only
+(:mod:`~verl_omni.workers.utils.sample_mask`), and a mini-batch with no kept sample on any rank is skipped (no
+optimizer step; ``actor/skipped_mini_batches``).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class DiffusionActor:
             )
         if self.drop_zero_std_groups:
             self._check_sample_mask(data)
+        masked = SAMPLE_MASK_KEY in data.keys()
         data = self._prepare(data, spec, self.config.ppo_micro_batch_size_per_gpu)
         lr = self.engine.optimizer.param_groups[0]["lr"]
         collected: dict[str, list[float]] = {}
@@ -98,7 +100,7 @@ class DiffusionActor:
         with self.engine.train_mode():
             for epoch in range(self.config.ppo_epochs):
                 for mini_batch in self._mini_batches(data, local, epoch):
-                    if self.drop_zero_std_groups and not self._kept_anywhere(mini_batch):
+                    if masked and not self._kept_anywhere(mini_batch):
                         skipped += 1
                         continue
                     out = self.engine.train_batch(mini_batch, self.loss_fn)
@@ -109,7 +111,7 @@ class DiffusionActor:
                     for key, values in metrics.items():
                         collected.setdefault(key, []).extend(values if isinstance(values, list) else [values])
             decay = self._update_old_policy() if self.old_policy_adapter else None
-        if self.drop_zero_std_groups:
+        if masked:
             collected["skipped_mini_batches"] = [float(skipped)]
         self.engine.lr_scheduler_step()
         reduced = _reduce_over_ranks(collected, self.metric_reductions)

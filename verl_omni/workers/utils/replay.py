@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import torch
 
+from verl_omni.algorithms.base import NOISE_GROUP_KEY
 from verl_omni.pipelines.model_base import ODE_SAMPLES, SDE_WINDOW
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, TRAJECTORY_KEYS
 from verl_omni.pipelines.sampling import SamplingSpec
@@ -131,8 +132,18 @@ class SDEWindowReplay:
         return num_replay_steps(batch)
 
     @staticmethod
-    def step(adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1):
-        """:func:`replay_step` plus the step's Δt = σ' − σ ``[B]`` (losses that weigh steps by their size read it)."""
+    def step(
+        adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1, reference=None
+    ):
+        """:func:`replay_step` plus the step's Δt = σ' − σ ``[B]`` (losses that weigh steps by their size read it).
+
+        ``reference`` must be None: an SDE window's reference replays in the ``ref`` phase (``Phases.reference``).
+        """
+        if reference is not None:
+            raise ValueError(
+                "the sde_window replay has no in-update reference (Phases.reference_in_update is for ode_samples "
+                "algorithms); its reference replays in the ref phase"
+            )
         out = replay_step(adapter, module, scheduler, batch, step, spec, vae_scale_factor)
         t = batch["all_timesteps"][:, step]
         index = step_indices_for_timesteps(scheduler, t, t.shape[0])
@@ -156,6 +167,9 @@ class ForwardNoisedStep(NamedTuple):
         velocity (`torch.Tensor`, ``[B, S, C]``): v_θ(x_σ, σ) of the trained policy (fp32, with gradients).
         old_velocity (`torch.Tensor` or None): v_old(x_σ, σ) of the old-policy adapter (no gradients); None
             when the module has no old-policy adapter.
+        reference_velocity (`torch.Tensor` or None): v_ref(x_σ, σ) of the reference policy (the LoRA disabled, or
+            full fine-tuning's frozen copy; no gradients); None unless the algorithm declares
+            ``Phases.reference_in_update``.
     """
 
     clean: torch.Tensor
@@ -163,15 +177,28 @@ class ForwardNoisedStep(NamedTuple):
     sigma: torch.Tensor
     velocity: torch.Tensor
     old_velocity: torch.Tensor | None
+    reference_velocity: torch.Tensor | None = None
+
+
+def forward_noise(clean: torch.Tensor, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """ε ~ N(0, I) like ``clean``, one draw per :data:`NOISE_GROUP_KEY` value when the batch carries it."""
+    if NOISE_GROUP_KEY not in batch.keys():
+        return torch.randn_like(clean)
+    groups = batch[NOISE_GROUP_KEY].to(clean.device)
+    _, inverse = torch.unique(groups, return_inverse=True)
+    draws = torch.randn((int(inverse.max()) + 1, *clean.shape[1:]), dtype=clean.dtype, device=clean.device)
+    return draws[inverse]
 
 
 class ODESamplesReplay:
     """How the engine replays an ``ODE_SAMPLES`` record: forward-noised clean samples, no recorded transition.
 
     Step j of the rollout's schedule (σ_j, timestep t_j as the model takes it) noises every sample's clean
-    latents with a fresh ε and predicts the velocity there with the trained policy and, when the module
-    carries it (:mod:`verl_omni.workers.engine.fsdp.old_adapter`), with the old-policy adapter. The number
-    of steps is the schedule's T; the loss picks which of them it trains on (``replay_steps``).
+    latents with a fresh ε (shared by the samples of one :data:`NOISE_GROUP_KEY`) and predicts the velocity there
+    with the trained policy and, when the module carries it (:mod:`verl_omni.workers.engine.fsdp.old_adapter`),
+    with the old-policy adapter, and, when the engine passes ``reference`` (its ``reference_policy`` context), with
+    the reference policy. The number of steps is the schedule's T; the loss picks which of them it trains on
+    (``replay_steps``).
     """
 
     trajectory_keys = (CLEAN_LATENTS_KEY,)
@@ -199,12 +226,21 @@ class ODESamplesReplay:
         return spec.num_inference_steps
 
     @staticmethod
-    def step(adapter, module, scheduler, batch, step: int, spec: SamplingSpec, vae_scale_factor: int = 1):
+    def step(
+        adapter,
+        module,
+        scheduler,
+        batch,
+        step: int,
+        spec: SamplingSpec,
+        vae_scale_factor: int = 1,
+        reference: Callable | None = None,
+    ):
         clean = batch[CLEAN_LATENTS_KEY].float()
         size = clean.shape[0]
         sigma = schedule_sigmas(scheduler, clean.device)[step].expand(size)
         s = sigma.view(-1, *([1] * (clean.ndim - 1)))
-        noisy = (1 - s) * clean + s * torch.randn_like(clean)
+        noisy = (1 - s) * clean + s * forward_noise(clean, batch)
         view = {k: batch[k] for k in adapter.required_keys(spec.uses_cfg)}
         view["all_latents"] = noisy[:, None]
         view["all_timesteps"] = scheduler.timesteps[step].to(clean.device).float().expand(size)[:, None]
@@ -213,8 +249,13 @@ class ODESamplesReplay:
             # the old policy first: switching adapters resets which tensors are trainable
             with torch.no_grad(), old_adapter_active(module):
                 old = adapter.step_velocity(module, view, 0, spec, vae_scale_factor).float()
+        ref = None
+        if reference is not None:
+            # before the trained forward too: disabling and re-enabling the LoRA resets which tensors are trainable
+            with torch.no_grad(), reference() as reference_module:
+                ref = adapter.step_velocity(reference_module, view, 0, spec, vae_scale_factor).float()
         velocity = adapter.step_velocity(module, view, 0, spec, vae_scale_factor).float()
-        return ForwardNoisedStep(clean, noisy, sigma, velocity, old)
+        return ForwardNoisedStep(clean, noisy, sigma, velocity, old, ref)
 
     @staticmethod
     def outputs(replayed: ForwardNoisedStep) -> dict[str, torch.Tensor]:

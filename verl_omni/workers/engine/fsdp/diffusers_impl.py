@@ -19,7 +19,7 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
 * checkpoints (LoRA in diffusers' ``load_lora_weights`` format, or the full transformer through
   ``save_pretrained``, + per-rank optimizer, LR schedule and RNG state) and ``reference_policy``
   (LoRA: the adapter disabled, no second weight copy; full fine-tuning: a frozen sharded copy of the
-  base transformer, built only when ``needs_reference`` is set before :meth:`initialize`);
+  base transformer, built only when ``needs_reference`` or ``reference_in_update`` is set before :meth:`initialize`);
 * full fine-tuning (``model.lora.rank=0``): every transformer parameter trains, sharded by FSDP2 with its
   gradients and optimizer state; the rollout gets the weights in checked buckets (:meth:`weight_bucket_plan`,
   :meth:`weight_bucket`, :mod:`~verl_omni.workers.rollout.weight_buckets`);
@@ -158,9 +158,12 @@ class DiffusersFSDPEngine(FSDPEngine):
         self.old_policy_adapter = False
         # optimizer steps taken in this run (a resume restores it): the old policy's EMA decay counts them
         self.optimizer_steps = 0
-        # full fine-tuning with a KL term: a frozen sharded copy of the base transformer (set by the worker)
+        # full fine-tuning with a KL term (or with reference_in_update): a frozen sharded copy of the base
+        # transformer (set by the worker)
         self.needs_reference = False
         self.reference_module = None
+        # the update's replay predicts the reference velocity beside the trained one (the algorithm's Phases)
+        self.reference_in_update = False
         # the trained module's own class (FSDP2 subclasses it in place): checkpoints rebuild it to save_pretrained
         self.module_class = None
         # full fine-tuning's EMA of the weights (actor.ema_decay, set by the worker; 0: none)
@@ -172,7 +175,7 @@ class DiffusersFSDPEngine(FSDPEngine):
     def initialize(self):
         """Build the sharded model, optimizer and LR schedule, and the rollout's scheduler."""
         self._build_model_optimizer()
-        if self.needs_reference and not self._is_lora:
+        if (self.needs_reference or self.reference_in_update) and not self._is_lora:
             self.reference_module = self._build_reference_module()
         if self.ema_decay:
             if self._is_lora:
@@ -254,7 +257,7 @@ class DiffusersFSDPEngine(FSDPEngine):
         module = self.adapter.build_module(self.model_config.path, dtype=dtype).requires_grad_(False)
         self._split_sequence(module)
         self._shard(module)
-        logger.info("frozen reference transformer built for the KL term (full fine-tuning)")
+        logger.info("frozen reference transformer built (full fine-tuning)")
         return module.eval()
 
     def _build_fsdp_module(self, module):
@@ -322,8 +325,12 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def replay(self, micro_batch: TensorDict, step: int, spec: SamplingSpec, replay=SDEWindowReplay):
         """Recorded step ``step`` of one micro-batch replayed with the policy (``replay.step``; for an SDE
-        window: log π_θ, μ_θ, s, see :func:`~verl_omni.workers.utils.replay.replay_step`)."""
-        return replay.step(self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor)
+        window: log π_θ, μ_θ, s, see :func:`~verl_omni.workers.utils.replay.replay_step`); with
+        ``reference_in_update`` the replay also runs the reference policy (:meth:`reference_policy`)."""
+        reference = self.reference_policy if self.reference_in_update else None
+        return replay.step(
+            self.adapter, self.module, self.scheduler, micro_batch, step, spec, self.vae_scale_factor, reference
+        )
 
     def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only=False) -> dict:
         """Replay the recorded steps of ``data`` in micro-batches; backward per (micro-batch, step) when training.
@@ -422,22 +429,23 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     @contextmanager
     def reference_policy(self):
-        """The reference policy of the KL term: LoRA switched off, or (full fine-tuning) the frozen base copy."""
+        """The reference policy (of the KL term, or Diffusion-DPO's): LoRA switched off, or (full fine-tuning) the
+        frozen base copy; yields the module that computes it."""
         if self._is_lora:
             self.module.disable_adapters()
             try:
-                yield
+                yield self.module
             finally:
                 self.module.enable_adapters()
             return
         if self.reference_module is None:
             raise RuntimeError(
-                "full fine-tuning has a reference only when the engine built its frozen copy (needs_reference=True "
-                "before initialize; the trainer sets it when actor.kl_beta > 0)"
+                "full fine-tuning has a reference only when the engine built its frozen copy (needs_reference or "
+                "reference_in_update before initialize; the worker sets them from the algorithm's Phases)"
             )
         trained, self.module = self.module, self.reference_module
         try:
-            yield
+            yield self.module
         finally:
             self.module = trained
 
