@@ -1,16 +1,16 @@
 """Two gloo ranks replaying one batch at sequence-parallel degree 1 (two data-parallel ranks) and 2 (one group).
 
-``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL MODEL_DIR OUT.pt [DEVICE [COMPUTE]]``
+``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL DIR OUT.pt [DEVICE [COMPUTE]]``
 
-``MODEL`` is ``wan2_2`` or ``qwen_image`` (a tiny checkpoint in ``MODEL_DIR``). The batch (4 samples, a window of 2
-recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank, each rank given its half
-as the worker would. At each degree the engine replays it forward-only (the log-probs, gathered in rank order),
-then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves a checkpoint that a
-degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
-``test_sequence_parallel.py`` (CPU: gloo, fp32, and bf16 for Wan2.2) and ``test_sequence_parallel_gpu.py``
-(``cuda``: a GPU per rank, NCCL, the engine's default bf16 compute). ``DEVICE``: ``cpu`` (default) or ``cuda``;
-``COMPUTE``: ``default`` (the engine's choice: fp32 on CPU, bf16 on a GPU) or a precision name FSDP2 computes in
-(``bf16``: the GPU run's precision on gloo).
+``MODEL`` is ``wan2_2``, ``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
+samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
+each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
+gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
+a checkpoint that a degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
+``test_sequence_parallel.py`` (CPU: gloo, fp32, and bf16 for both Wan2.2 models) and
+``test_sequence_parallel_gpu.py`` (``cuda``: a GPU per rank, NCCL, the engine's default bf16 compute). ``DEVICE``:
+``cpu`` (default) or ``cuda``; ``COMPUTE``: ``default`` (the engine's choice: fp32 on CPU, bf16 on a GPU) or a
+precision name FSDP2 computes in (``bf16``: the GPU run's precision on gloo).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ulysses sequence parallelism in the replay on 2 GPUs (NCCL, the engine's default bf16 compute): split and
 unsplit replays of ``sequence_parallel_ranks.py`` agree within bf16's rounding (the CPU tests hold them to fp32's, and
-to these bounds for Wan2.2 computing in bf16 on gloo)."""
+to these bounds for both Wan2.2 models computing in bf16 on gloo)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("name", ["wan2_2", "qwen_image"])
+@pytest.mark.parametrize("name", ["wan2_2", "wan2_2_a14b", "qwen_image"])
 def test_split_replay_in_bf16_gives_the_unsplit_log_probs_and_gradients(name, tiny_model, tmp_path):
     out = tmp_path / "results.pt"
     run_two_ranks(HERE / "sequence_parallel_ranks.py", name, tiny_model(name), out, "cuda", timeout=900)

@@ -54,6 +54,7 @@ from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
+from verl_omni.workers.engine.fsdp.idle_units import gather_every_unit_once
 from verl_omni.workers.engine.fsdp.recompute_cast import cast_inputs_on_recompute
 from verl_omni.workers.engine.fsdp.sequence_group import (
     agree_rng_state,
@@ -260,9 +261,13 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def _build_fsdp_module(self, module):
         self._shard(module)
+        param_dtype, reduce_dtype = self._mixed_precision()
         if self.model_config.enable_gradient_checkpointing:
             # the recompute must see each block's inputs in the dtype FSDP2 cast them to in the forward
-            cast_inputs_on_recompute(module, self._mixed_precision()[0])
+            cast_inputs_on_recompute(module, param_dtype)
+        if param_dtype != reduce_dtype:
+            # a unit that has not run yet (an expert no replayed step needs) must survive a backward without sync
+            gather_every_unit_once(module)
         if self.model_config.compile_transformer_blocks:
             count = compile_blocks(module, self.adapter.fsdp_wrap_blocks)
             logger.info(
