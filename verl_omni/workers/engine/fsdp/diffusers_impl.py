@@ -11,6 +11,9 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   with diffusers' ``add_adapter`` (the model stays a diffusers-style model; no ``PeftModelForCausalLM``);
 * ``_build_fsdp_module``: FSDP2 ``fully_shard`` on the adapter's ``fsdp_wrap_blocks`` then the
   root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
+  activation checkpointing's recompute gets each block's inputs cast as its forward did (:mod:`.recompute_cast`),
+  and under mixed precision every unit is gathered once, so that one no replayed step runs survives a backward
+  without gradient sync (:mod:`.idle_units`);
 * ``forward_backward_batch``: micro-batches × replayed steps, one backward per (micro-batch,
   step) so that only one step's activations are alive, each weighted so the accumulated
   gradient is that of the mean loss over all (sample, step) pairs of the mini-batch (over the kept
