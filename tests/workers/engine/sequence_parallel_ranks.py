@@ -1,14 +1,16 @@
 """Two gloo ranks replaying one batch at sequence-parallel degree 1 (two data-parallel ranks) and 2 (one group).
 
-``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL MODEL_DIR OUT.pt [cuda]``
+``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL DIR OUT.pt [DEVICE [COMPUTE]]``
 
-``MODEL`` is ``wan2_2`` or ``qwen_image`` (a tiny checkpoint in ``MODEL_DIR``). The batch (4 samples, a window of 2
-recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank, each rank given its half
-as the worker would. At each degree the engine replays it forward-only (the log-probs, gathered in rank order),
-then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves a checkpoint that a
-degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
-``test_sequence_parallel.py`` (CPU: gloo, fp32) and ``test_sequence_parallel_gpu.py`` (``cuda``: a GPU per rank,
-NCCL, the engine's default bf16 compute).
+``MODEL`` is ``wan2_2``, ``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
+samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
+each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
+gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
+a checkpoint that a degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
+``test_sequence_parallel.py`` (CPU: gloo, fp32, and bf16 for both Wan2.2 models) and
+``test_sequence_parallel_gpu.py`` (``cuda``: a GPU per rank, NCCL, the engine's default bf16 compute). ``DEVICE``:
+``cpu`` (default) or ``cuda``; ``COMPUTE``: ``default`` (the engine's choice: fp32 on CPU, bf16 on a GPU) or a
+precision name FSDP2 computes in (``bf16``: the GPU run's precision on gloo).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ SIZE = {
 }
 
 
-def build_engine(model_path: str, degree: int):
+def build_engine(model_path: str, degree: int, compute: str):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -41,7 +43,11 @@ def build_engine(model_path: str, degree: int):
 
     # a random B as well as A: every LoRA tensor gets a gradient and moves the log-probs
     model = DiffusionModelConfig(path=model_path, lora=DiffusionLoraConfig(rank=4, alpha=8, init_lora_weights=False))
-    engine_config = FSDPEngineConfig(strategy="fsdp2", seed=7, ulysses_sequence_parallel_size=degree)
+    # "default": the engine's own choice (fp32 on CPU, bf16 on a GPU); a precision name: FSDP2 computes in it
+    precision = None if compute == "default" else {"param_dtype": compute, "reduce_dtype": "fp32"}
+    engine_config = FSDPEngineConfig(
+        strategy="fsdp2", seed=7, ulysses_sequence_parallel_size=degree, mixed_precision=precision
+    )
     optim = FSDPOptimizerConfig(optimizer="SGD", lr=10.0, total_training_steps=1, weight_decay=0.0)
     engine = EngineRegistry.new("diffusion_model", "fsdp2", model, engine_config, optim, CheckpointConfig())
     engine.initialize()
@@ -104,7 +110,7 @@ def lora_grads(engine) -> dict[str, torch.Tensor | None]:
     return grads
 
 
-def main(name: str, model_path: str, out_path: str, device: str = "cpu") -> None:
+def main(name: str, model_path: str, out_path: str, device: str = "cpu", compute: str = "default") -> None:
     from verl_omni.pipelines.sampling import SamplingSpec
 
     torch.set_num_threads(1)
@@ -115,7 +121,7 @@ def main(name: str, model_path: str, out_path: str, device: str = "cpu") -> None
     spec = SamplingSpec(num_inference_steps=4, true_cfg_scale=4.0, sde_window_size=WINDOW, **SIZE[name])
     results: dict = {}
     for degree in (1, 2):
-        engine = build_engine(model_path, degree)
+        engine = build_engine(model_path, degree, compute)
         batch = full_batch(name, model_path, engine, spec)
         local = {k: v.chunk(world)[rank] for k, v in batch.items()}
         results[f"log_probs_{degree}"] = gather(replay(engine, local, spec, train=False)["log_probs"])
@@ -127,7 +133,7 @@ def main(name: str, model_path: str, out_path: str, device: str = "cpu") -> None
             results["stepped_log_probs_2"] = gather(replay(engine, local, spec, train=False)["log_probs"])
             engine.save_checkpoint(str(Path(out_path).parent / "ckpt_sp2"), global_step=1)
         del engine
-    resumed = build_engine(model_path, 1)
+    resumed = build_engine(model_path, 1, compute)
     resumed.load_checkpoint(str(Path(out_path).parent / "ckpt_sp2"))
     local = {k: v.chunk(world)[rank] for k, v in full_batch(name, model_path, resumed, spec).items()}
     results["resumed_log_probs_1"] = gather(replay(resumed, local, spec, train=False)["log_probs"])
@@ -138,4 +144,4 @@ def main(name: str, model_path: str, out_path: str, device: str = "cpu") -> None
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

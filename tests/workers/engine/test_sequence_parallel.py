@@ -2,7 +2,8 @@
 
 The slow tests run ``sequence_parallel_ranks.py`` once per model (tiny Wan2.2 TI2V-5B and T2V-A14B, tiny
 Qwen-Image): the replay split over a group of 2 gives the log-probs and LoRA gradients of two data-parallel ranks,
-and a checkpoint saved split resumes unsplit. The quick tests cover the refusals and Qwen-Image's text padding and mask order.
+and a checkpoint saved split resumes unsplit; once more for both Wan2.2 models with FSDP2 computing in bf16 under
+activation checkpointing, as on a GPU. The quick tests cover the refusals and Qwen-Image's text padding and mask order.
 """
 
 from __future__ import annotations
@@ -64,6 +65,38 @@ def test_checkpoint_saved_split_resumes_unsplit(split_and_unsplit):
     moved = (results["stepped_log_probs_2"] - results["log_probs_2"]).abs().max()
     assert moved > 1e-3
     torch.testing.assert_close(results["resumed_log_probs_1"], results["stepped_log_probs_2"], rtol=0, atol=1e-5)
+
+
+def assert_bf16_split_matches_unsplit(results: dict) -> None:
+    """Split and unsplit replays computing in bf16 agree within its rounding: log-probs to 2e-3, each LoRA tensor's
+    gradient to 5% of its largest entry, the checkpoint saved split resumes unsplit to 2e-3."""
+    for key in ("log_probs", "train_log_probs"):
+        assert bool(torch.isfinite(results[f"{key}_1"]).all())
+        torch.testing.assert_close(results[f"{key}_2"], results[f"{key}_1"], rtol=0, atol=2e-3)
+    unsplit, split = results["grads_1"], results["grads_2"]
+    for param, grad in unsplit.items():
+        if grad is None:
+            assert split[param] is None, param
+            continue
+        # bf16 forward and backward: each tensor's gradient agrees to a few percent of its largest entry
+        scale = grad.abs().max().clamp_min(1e-12)
+        assert (split[param] - grad).abs().max() / scale < 5e-2, param
+    torch.testing.assert_close(results["resumed_log_probs_1"], results["stepped_log_probs_2"], rtol=0, atol=2e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", ["wan2_2", "wan2_2_a14b"])
+def test_split_replay_in_bf16_on_cpu_gives_the_unsplit_log_probs_and_gradients(name, tiny_model, tmp_path):
+    """FSDP2 computing in bf16 with activation checkpointing on, as the GPU run does, at either degree: Wan2.2's fp32
+    rotary tables, cast to bf16 for its blocks in the forward, must be cast alike in the backward's recompute; the
+    A14B's low-noise expert, which no replayed step runs, must survive the backwards without gradient sync."""
+    out = tmp_path / "results.pt"
+    run_two_ranks(HERE / "sequence_parallel_ranks.py", name, tiny_model(name), out, "cpu", "bf16")
+    results = torch.load(out, weights_only=False)
+    assert_bf16_split_matches_unsplit(results)
+    trained = [g for g in results["grads_2"].values() if g is not None and g.abs().max() > 0]
+    assert len(trained) == len(results["grads_2"]) - UNTRAINED[name]
 
 
 # ---- refusals ---------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ norm), deferred gradient sync over accumulation steps, offload, train/eval conte
   with diffusers' ``add_adapter`` (the model stays a diffusers-style model; no ``PeftModelForCausalLM``);
 * ``_build_fsdp_module``: FSDP2 ``fully_shard`` on the adapter's ``fsdp_wrap_blocks`` then the
   root; bf16 compute on an accelerator, fp32 on CPU, unless ``engine.mixed_precision`` says otherwise;
+  activation checkpointing's recompute gets each block's inputs cast as its forward did (:mod:`.recompute_cast`),
+  and under mixed precision every unit is gathered once, so that one no replayed step runs survives a backward
+  without gradient sync (:mod:`.idle_units`);
 * ``forward_backward_batch``: micro-batches × replayed steps, one backward per (micro-batch,
   step) so that only one step's activations are alive, each weighted so the accumulated
   gradient is that of the mean loss over all (sample, step) pairs of the mini-batch (over the kept
@@ -54,6 +57,8 @@ from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
+from verl_omni.workers.engine.fsdp.idle_units import gather_every_unit_once
+from verl_omni.workers.engine.fsdp.recompute_cast import cast_inputs_on_recompute
 from verl_omni.workers.engine.fsdp.sequence_group import (
     agree_rng_state,
     check_sequence_parallel,
@@ -262,6 +267,13 @@ class DiffusersFSDPEngine(FSDPEngine):
 
     def _build_fsdp_module(self, module):
         self._shard(module)
+        param_dtype, reduce_dtype = self._mixed_precision()
+        if self.model_config.enable_gradient_checkpointing:
+            # the recompute must see each block's inputs in the dtype FSDP2 cast them to in the forward
+            cast_inputs_on_recompute(module, param_dtype)
+        if param_dtype != reduce_dtype:
+            # a unit that has not run yet (an expert no replayed step needs) must survive a backward without sync
+            gather_every_unit_once(module)
         if self.model_config.compile_transformer_blocks:
             count = compile_blocks(module, self.adapter.fsdp_wrap_blocks)
             logger.info(
