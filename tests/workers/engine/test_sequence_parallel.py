@@ -2,7 +2,7 @@
 
 The slow tests run ``sequence_parallel_ranks.py`` once per model (tiny Wan2.2 TI2V-5B and T2V-A14B, tiny
 Qwen-Image): the replay split over a group of 2 gives the log-probs and LoRA gradients of two data-parallel ranks,
-and a checkpoint saved split resumes unsplit; once more for both Wan2.2 models with FSDP2 computing in bf16 under
+and a checkpoint saved split resumes unsplit; once more for the Wan2.2 T2V-A14B with FSDP2 computing in bf16 under
 activation checkpointing, as on a GPU. The quick tests cover the refusals and Qwen-Image's text padding and mask order.
 """
 
@@ -86,7 +86,9 @@ def assert_bf16_split_matches_unsplit(results: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.parametrize("name", ["wan2_2", "wan2_2_a14b"])
+# the A14B meets both bf16 failures (its experts' blocks are the TI2V-5B's); the TI2V-5B's bf16 split replay, 2 min
+# more of the CPU suite, runs on two GPUs in test_sequence_parallel_gpu.py
+@pytest.mark.parametrize("name", ["wan2_2_a14b"])
 def test_split_replay_in_bf16_on_cpu_gives_the_unsplit_log_probs_and_gradients(name, tiny_model, tmp_path):
     """FSDP2 computing in bf16 with activation checkpointing on, as the GPU run does, at either degree: Wan2.2's fp32
     rotary tables, cast to bf16 for its blocks in the forward, must be cast alike in the backward's recompute; the
