@@ -164,7 +164,9 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         if self.configs.trainer.val_before_train and self.global_steps == 0:
             with self.watchdog.phase("testing", 0):
                 self.tracker.log(data=self._validate(), step=0)
-        progress = tqdm(total=self.total_training_steps, initial=self.global_steps, desc="Flow-GRPO steps")
+        progress = tqdm(
+            total=self.total_training_steps, initial=self.global_steps, desc=f"{self.algorithm.display_name()} steps"
+        )
         self.global_steps += 1
         batches = self._train_batches()
         while self.global_steps <= self.total_training_steps:
