@@ -7,6 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+# a gloo process group of one rank (the process_group fixture): not the quick tier
+pytestmark = pytest.mark.slow
+
 
 class Block(nn.Module):
     def __init__(self):
