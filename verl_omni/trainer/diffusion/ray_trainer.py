@@ -38,15 +38,13 @@ from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_ad
 from verl_omni.trainer.config.validation import RunConfigs
 from verl_omni.trainer.diffusion import non_finite
 from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
-from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop, RewardGuard
-from verl_omni.trainer.diffusion.run_dir import RunDir, complete_steps, open_run_dir
-from verl_omni.trainer.diffusion.tracking import keep_metrics_until, log_image_grid, log_videos
+from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, RewardGuard
+from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
+from verl_omni.trainer.diffusion.tracking import keep_metrics_until
+from verl_omni.trainer.diffusion.validation import ValidationSteps
 from verl_omni.trainer.diffusion.watchdog import PhaseWatchdog
 from verl_omni.trainer.diffusion.worker_setup import WorkerSetup
-from verl_omni.utils.dataset.prompt_dataset import prompt_text
-from verl_omni.utils.image_grid import save_grid
 from verl_omni.utils.reward_score.multi import EXTRA_INFO_PREFIX
-from verl_omni.utils.video import write_mp4
 from verl_omni.workers.rollout.weight_sync import RolloutWeightSync
 from verl_omni.workers.utils.replay import get_replay
 from verl_omni.workers.utils.sample_mask import SAMPLE_MASK_KEY
@@ -70,7 +68,7 @@ def _restore_info_logging() -> None:
 
 
 @register_trainer("flowgrpo")
-class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
+class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
     """Synchronous Flow-GRPO: generate → reward → old log-prob → (ref) → advantage → update → sync."""
 
     # a preempted step may be dropped before the actor's phases (preemption.py): the dataloader's position before
@@ -430,70 +428,7 @@ class RayFlowGRPOTrainer(WorkerSetup, PPOTrainer):
         keys = [k for k in self.replay_keys if k in batch.batch.keys()] + list(extra)
         return batch.select(batch_keys=keys, non_tensor_batch_keys=[], meta_info_keys=["sampling_spec"])
 
-    # ---- validation, metrics, logging ------------------------------------------------------
-
-    def _validate(self) -> dict[str, float]:
-        """ODE samples (noise 0) of the held-out prompts, scored; the image grid goes to disk and the tracker.
-
-        With ``actor.ema_decay`` > 0 the EMA of the weights samples them: it goes to the rollout before and the live
-        weights after (at step 0 the two are the same, nothing is pushed); training rollouts never see it.
-        """
-        if not (self.configs.actor.ema_decay > 0 and self.global_steps > 0):
-            return self._validation_samples()
-        with self.weight_sync.ema_weights(self.global_steps):
-            return self._validation_samples()
-
-    def _validation_samples(self) -> dict[str, float]:
-        images, scores, prompts = [], [], []
-        for batch_dict in self.val_dataloader:
-            batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
-            if "rm_scores" not in batch.batch.keys():
-                batch = self._compute_reward(batch, {})
-            images.append(batch.batch["responses"])
-            scores.append(batch.batch["rm_scores"].float())
-            prompts.extend(prompt_text(p, "raw_prompt") for p in batch.non_tensor_batch["raw_prompt"])
-        images, scores = torch.cat(images), torch.cat(scores)
-        shown = images[: self.configs.trainer.val_grid_images]
-        path = self.local_dir / "images" / f"val_step_{self.global_steps}.png"
-        grid = save_grid(shown, per_row=int(np.ceil(np.sqrt(len(shown)))), path=path)
-        log_image_grid(self.tracker, "val/images", grid, self.global_steps)
-        if shown.ndim == 5:
-            self._save_videos(shown)
-        logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
-        metrics = {
-            "val/score/mean": scores.mean().item(),
-            "val/score/max": scores.max().item(),
-            "val/score/min": scores.min().item(),
-        }
-        if self.guard is not None:
-            guard_metrics, self.guard_alarm = self.guard.observe(
-                self.global_steps, images, prompts, scores.mean().item()
-            )
-            metrics.update(guard_metrics)
-        return metrics
-
-    def _guard_fired(self, alarm: GuardAlarm) -> None:
-        """``reward.guard.action``: ``warn`` logs the reason and goes on; ``stop`` saves a checkpoint of this step,
-        writes the reason into the summary and raises :class:`GuardStop` (``main_flowgrpo`` exits with status 3)."""
-        self.guard_alarm = None
-        if self.configs.guard.action == "warn":
-            logger.warning("%s; going on (reward.guard.action=warn)", alarm.reason())
-            return
-        logger.error("%s; stopping (reward.guard.action=stop)", alarm.reason())
-        if self.global_steps not in complete_steps(self.local_dir):
-            self._save_checkpoint()
-        self.weight_sync.close()
-        self.tracker.finish()
-        self.write_summary(interrupted=False, stop_reason=alarm.reason())
-        raise GuardStop(alarm)
-
-    def _save_videos(self, videos: torch.Tensor) -> None:
-        """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
-        by side), at the model's frame rate, and to the video-capable trackers (wandb: the mp4s; tensorboard: GIFs)."""
-        folder = self.local_dir / "images" / f"val_step_{self.global_steps}"
-        fps = self.configs.model.adapter.video_fps
-        paths = [write_mp4(video, folder / f"sample_{i}.mp4", fps) for i, video in enumerate(videos)]
-        log_videos(self.tracker, "val/videos", videos, paths, fps, self.global_steps)
+    # ---- metrics, logging ------------------------------------------------------------------
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
         metrics.update({f"timing_s/{name}": seconds for name, seconds in timing_raw.items()})
