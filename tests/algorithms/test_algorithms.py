@@ -108,6 +108,16 @@ def test_a_model_that_cannot_record_what_the_algorithm_needs_is_refused_naming_b
         check_model_supports(get_algorithm("grpo_guard"), restricted)
 
 
+@pytest.mark.parametrize("name", ["awm", "diffusion_dpo", "diffusion_nft"])
+def test_an_ode_sample_algorithm_on_a_model_without_ode_recording_is_refused_naming_both(name):
+    from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
+    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
+
+    with pytest.raises(ValueError, match=rf"algorithm={name}: BagelTrainingAdapter .*ode_samples"):
+        check_model_supports(get_algorithm(name), BagelTrainingAdapter, "/ckpt/bagel")
+    check_model_supports(get_algorithm(name), QwenImageTrainingAdapter, "/ckpt/qwen")
+
+
 def test_algorithm_group_composes_from_the_hydra_command_line():
     """``main_flowgrpo algorithm=grpo_guard algorithm.ratio_norm=false`` as a user types it (Hydra prints the job)."""
     args = [

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from verl_omni.algorithms import NOISE_GROUP_KEY, check_model_supports, get_algorithm
+from verl_omni.algorithms import NOISE_GROUP_KEY, get_algorithm
 from verl_omni.algorithms.diffusion_dpo import (
     PREFERENCE_KEY,
     DiffusionDPO,
@@ -165,33 +165,6 @@ def test_declarations_an_ode_record_and_the_reference_inside_the_update():
     assert (phases.old_log_prob, phases.reference, phases.old_policy_adapter) == (False, False, False)
     assert phases.reference_in_update
     assert DiffusionDPOLoss(None, DiffusionDPOConfig()).required_keys == (NOISE_GROUP_KEY, PREFERENCE_KEY)
-
-
-def test_model_without_ode_recording_is_refused_naming_algorithm_and_model():
-    from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
-    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
-
-    with pytest.raises(ValueError, match=r"algorithm=diffusion_dpo: BagelTrainingAdapter .*ode_samples"):
-        check_model_supports(get_algorithm("diffusion_dpo"), BagelTrainingAdapter, "/ckpt/bagel")
-    check_model_supports(get_algorithm("diffusion_dpo"), QwenImageTrainingAdapter, "/ckpt/qwen")
-
-
-@pytest.fixture
-def compose(tiny_qwen_image_path, tmp_path):
-    """The trainer config from Hydra, as ``main_flowgrpo <overrides>`` builds it, on the tiny model."""
-    from verl_omni.utils.config import compose_config
-    from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
-
-    train, val = ensure_tiny_prompts(tmp_path / "prompts")
-
-    def build(*overrides: str):
-        base = [f"actor_rollout_ref.model.path={tiny_qwen_image_path}", f"data.train_files={train}"]
-        return compose_config(
-            "flowgrpo_trainer",
-            [*base, f"data.val_files={val}", f"trainer.default_local_dir={tmp_path / 'run'}", *overrides],
-        )
-
-    return build
 
 
 def test_hydra_group_gives_the_defaults_and_an_ode_rollout_that_validates(compose):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verl_omni.algorithms import check_model_supports, get_algorithm
+from verl_omni.algorithms import get_algorithm
 from verl_omni.algorithms.diffusion_nft import (
     DiffusionNFT,
     DiffusionNFTConfig,
@@ -175,30 +175,6 @@ def test_declarations_no_log_probs_an_ode_record_and_an_old_adapter():
     phases = algorithm.phases(DiffusionNFTConfig(), DiffusionActorConfig())
     assert algorithm.rollout_record == "ode_samples"
     assert (phases.old_log_prob, phases.reference, phases.old_policy_adapter) == (False, False, True)
-
-
-def test_model_without_ode_recording_is_refused_naming_algorithm_and_model():
-    from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
-    from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter
-
-    with pytest.raises(ValueError, match=r"algorithm=diffusion_nft: BagelTrainingAdapter .*ode_samples"):
-        check_model_supports(get_algorithm("diffusion_nft"), BagelTrainingAdapter, "/ckpt/bagel")
-    check_model_supports(get_algorithm("diffusion_nft"), QwenImageTrainingAdapter, "/ckpt/qwen")
-
-
-@pytest.fixture
-def compose(tiny_qwen_image_path, tmp_path):
-    """The trainer config from Hydra, as ``main_flowgrpo <overrides>`` builds it, on the tiny model."""
-    from verl_omni.utils.config import compose_config
-    from verl_omni.utils.dataset.t2i_prompts import ensure_tiny_prompts
-
-    train, val = ensure_tiny_prompts(tmp_path / "prompts")
-
-    def build(*overrides: str, model=tiny_qwen_image_path):
-        base = [f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={val}"]
-        return compose_config("flowgrpo_trainer", [*base, f"trainer.default_local_dir={tmp_path / 'run'}", *overrides])
-
-    return build
 
 
 def test_hydra_group_gives_the_papers_defaults_and_ode_rollouts_validate(compose):
