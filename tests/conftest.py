@@ -235,6 +235,9 @@ def ray_nodes(*cpus_per_node: int, dashboard: bool = False):
         "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
         "RAY_AUTH_MODE": "disabled",
         "RAY_agent_register_timeout_ms": "120000",
+        # a worker that dies of a signal (SIGSEGV, SIGABRT) prints its Python stacks to its stderr, which Ray
+        # streams to the run's driver: a test that loses a worker then shows where it died
+        "PYTHONFAULTHANDLER": "1",
     }
     port = _free_port()
     address = f"127.0.0.1:{port}"

@@ -36,7 +36,6 @@ BAGEL_ARGS = (
     "actor_rollout_ref.rollout.negative_prompt=''",
     "+actor_rollout_ref.rollout.model_kwargs.timestep_shift=2.0",
     "+actor_rollout_ref.rollout.model_kwargs.cfg_interval=[0.8,1.0]",
-    "actor_rollout_ref.rollout.agent.num_workers=1",
     "data.train_batch_size=1",
     "actor_rollout_ref.actor.ppo_mini_batch_size=1",
 )

@@ -91,6 +91,9 @@ def entry_point_command(out: Path, model: Path, prompts, *overrides: str) -> lis
         "actor_rollout_ref.rollout.num_inference_steps=4",
         "actor_rollout_ref.rollout.sde_window_size=2",
         "actor_rollout_ref.rollout.n=2",
+        # one agent-loop worker takes a tiny step's prompt groups as well as two, and every Ray process of a run
+        # costs the suite its imports (tests/agent_loop covers the split over several)
+        "actor_rollout_ref.rollout.agent.num_workers=1",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         "actor_rollout_ref.actor.optim.lr=1e-2",

@@ -10,11 +10,11 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from verl_omni.workers.config.rollout import RolloutServerRoutingConfig
 from verl_omni.workers.rollout.routing import (
     DEFAULT_ROUTING_POLICY,
     ROUTING_POLICIES,
     OmniRequestLoadBalancer,
-    RolloutServerRoutingConfig,
     stable_hash,
 )
 
@@ -314,3 +314,14 @@ def test_a_group_never_splits_and_the_default_spreads_less_than_hash(per_sample,
     print(f"mean max-min images per replica: default {mean_default:.2f}, hash {mean_hash:.2f}")
     assert splits == 0 and hash_splits == 0
     assert mean_default < mean_hash
+
+
+@pytest.mark.slow
+def test_the_balancers_process_imports_neither_torch_nor_verl(fresh_python):
+    """The balancer's Ray actor imports only this module: importing verl (which imports torch) would cost that
+    process seconds and most of a gigabyte, for a dict of counters."""
+    loaded = fresh_python(
+        "import sys, verl_omni.workers.rollout.routing\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'verl', 'tensordict', 'numpy'}))"
+    )
+    assert loaded.strip() == "[]", loaded

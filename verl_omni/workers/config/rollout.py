@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
+from verl.base_config import BaseConfig
 from verl.workers.config import RolloutConfig
 from verl.workers.config.rollout import AgentLoopConfig
 
 from verl_omni.pipelines.sampling import SamplingSettings, SamplingSpec
-from verl_omni.workers.rollout.routing import RolloutServerRoutingConfig
+from verl_omni.workers.rollout.routing import DEFAULT_ROUTING_CACHE_SIZE, DEFAULT_ROUTING_POLICY, ROUTING_POLICIES
 
 KEY = "actor_rollout_ref.rollout"
 # the agent loop a row without ``agent_name`` runs (registered in verl_omni.agent_loop)
@@ -38,6 +39,39 @@ WEIGHT_TRANSPORTS = ("auto", HOST, IPC, COLLECTIVE)
 
 def _diffusion_agent_config() -> AgentLoopConfig:
     return AgentLoopConfig(num_workers=2, default_agent_loop=DEFAULT_AGENT_LOOP)
+
+
+@dataclass
+class RolloutServerRoutingConfig(BaseConfig):
+    """How requests are spread over rollout replicas (``actor_rollout_ref.rollout.server_routing``).
+
+    Args:
+        policy (str): a registered routing policy; ``least_images_affinity`` (default) places each
+            prompt group on the replica with the fewest images in flight and keeps it there, so the
+            group can be generated as one batch and the step's groups spread evenly;
+            ``prompt_uid_affinity`` places it by a stable hash of its key instead.
+        routing_key_field (str): the batch field whose value is the routing key (``uid``: one per prompt group).
+        max_cache_size (int): sticky entries kept (LRU) by sticky policies.
+    """
+
+    policy: str = DEFAULT_ROUTING_POLICY
+    routing_key_field: str = "uid"
+    max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE
+
+    def __post_init__(self):
+        if self.policy not in ROUTING_POLICIES:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.server_routing.policy={self.policy!r} is unknown; "
+                f"available: {', '.join(ROUTING_POLICIES.names())}"
+            )
+        if not self.routing_key_field:
+            raise ValueError(
+                "actor_rollout_ref.rollout.server_routing.routing_key_field must be a non-empty field name"
+            )
+        if self.max_cache_size < 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.server_routing.max_cache_size must be >= 1, got {self.max_cache_size}"
+            )
 
 
 @dataclass

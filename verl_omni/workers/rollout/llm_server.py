@@ -23,7 +23,8 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.ray_utils import auto_await
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 
-from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer, RolloutServerRoutingConfig
+from verl_omni.workers.config.rollout import RolloutServerRoutingConfig
+from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)

@@ -19,6 +19,12 @@ by default) through a named policy:
 The balancer books every request's replica, key and images at acquire and releases them by request
 id, so in-flight images per replica and the replica of a key's in-flight requests are known to every
 policy. A new policy is a :class:`RoutingPolicy` subclass registered with ``@register_routing_policy``.
+
+The balancer implements verl's ``RequestLoadBalancer`` protocol (``verl.workers.rollout.router``)
+structurally instead of subclassing ``GlobalRequestLoadBalancer``: importing anything of verl imports all
+of it (torch, tensordict, ``verl.protocol``), and the balancer's Ray process needs none of that. This
+module imports no torch and no verl, so that process starts in a fraction of a second and stays small
+(``tests/workers/rollout/test_routing.py`` checks it).
 """
 
 from __future__ import annotations
@@ -29,8 +35,6 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cachetools import LRUCache
-from verl.base_config import BaseConfig
-from verl.workers.rollout.router import DEFAULT_ROUTING_CACHE_SIZE, GlobalRequestLoadBalancer
 
 from verl_omni.utils.registry import Registry
 
@@ -38,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 # the policy a run gets without ``server_routing.policy``: the config's default and the balancer's
 DEFAULT_ROUTING_POLICY = "least_images_affinity"
+# sticky (LRU) placements a sticky policy keeps without ``server_routing.max_cache_size``
+DEFAULT_ROUTING_CACHE_SIZE = 10000
 
 
 class RoutingPolicy:
@@ -128,39 +134,6 @@ class RoundRobin(RoutingPolicy):
 
 
 @dataclass
-class RolloutServerRoutingConfig(BaseConfig):
-    """How requests are spread over rollout replicas (``actor_rollout_ref.rollout.server_routing``).
-
-    Args:
-        policy (str): a registered routing policy; ``least_images_affinity`` (default) places each
-            prompt group on the replica with the fewest images in flight and keeps it there, so the
-            group can be generated as one batch and the step's groups spread evenly;
-            ``prompt_uid_affinity`` places it by a stable hash of its key instead.
-        routing_key_field (str): the batch field whose value is the routing key (``uid``: one per prompt group).
-        max_cache_size (int): sticky entries kept (LRU) by sticky policies.
-    """
-
-    policy: str = DEFAULT_ROUTING_POLICY
-    routing_key_field: str = "uid"
-    max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE
-
-    def __post_init__(self):
-        if self.policy not in ROUTING_POLICIES:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.server_routing.policy={self.policy!r} is unknown; "
-                f"available: {', '.join(ROUTING_POLICIES.names())}"
-            )
-        if not self.routing_key_field:
-            raise ValueError(
-                "actor_rollout_ref.rollout.server_routing.routing_key_field must be a non-empty field name"
-            )
-        if self.max_cache_size < 1:
-            raise ValueError(
-                f"actor_rollout_ref.rollout.server_routing.max_cache_size must be >= 1, got {self.max_cache_size}"
-            )
-
-
-@dataclass
 class _Booking:
     """One in-flight request as the balancer booked it; ``counted`` is False once its replica was removed."""
 
@@ -170,10 +143,10 @@ class _Booking:
     counted: bool = True
 
 
-class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
-    """verl's load balancer with routing keys, image-counted load and pluggable policies (same public methods).
+class OmniRequestLoadBalancer:
+    """A load balancer with routing keys, image-counted load and pluggable policies (verl's public methods).
 
-    Runs as a Ray actor shared by all agent-loop workers, like its parent. ``acquire_server`` takes
+    Runs as a Ray actor shared by all agent-loop workers, as verl's ``GlobalRequestLoadBalancer`` does. ``acquire_server`` takes
     an optional ``routing_key`` (falling back to the request id) and ``num_images`` (the request's
     images, default 1), both declared in :meth:`require_acquire_fields` so verl's client forwards
     them; ``release_server`` needs the ``request_id`` (declared in :meth:`require_release_fields`)
@@ -186,7 +159,8 @@ class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
         max_cache_size: int = DEFAULT_ROUTING_CACHE_SIZE,
         policy: str = DEFAULT_ROUTING_POLICY,
     ):
-        super().__init__(servers=servers, max_cache_size=max_cache_size)
+        self._servers: dict = dict(servers)
+        self._inflight_requests: dict[str, int] = dict.fromkeys(self._servers, 0)
         self.policy_name = policy
         self._policy: RoutingPolicy = ROUTING_POLICIES.get(policy)()
         self._sticky: LRUCache = LRUCache(maxsize=max_cache_size)
@@ -249,15 +223,32 @@ class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
         held = self._key_servers.get(key)
         return held.most_common(1)[0][0] if held else None
 
+    def get_inflight_count(self, server_id: str) -> int:
+        """Requests in flight on ``server_id``."""
+        return self._inflight_requests.get(server_id, 0)
+
+    def get_total_inflight(self) -> int:
+        """Requests in flight on every replica in the pool (verl's async drain polls it)."""
+        return sum(self._inflight_requests.values())
+
+    def get_all_servers(self) -> list[str]:
+        """The replicas in the pool."""
+        return list(self._servers)
+
     def add_servers(self, servers: dict) -> None:
-        super().add_servers(servers)
+        """Add replicas (``{server_id: actor handle}``) with nothing in flight."""
+        self._servers.update(servers)
+        self._inflight_requests.update(dict.fromkeys(servers, 0))
         self._images.update(dict.fromkeys(servers, 0))
         self.sorted_server_ids = sorted(self._servers)
+        logger.info("balancer: added %d replicas", len(servers))
 
     def remove_servers(self, server_ids: list[str]) -> None:
         """Drop replicas; their in-flight requests stop counting (their releases are still accepted)."""
-        super().remove_servers(server_ids)
         gone = set(server_ids)
+        for sid in gone:
+            self._servers.pop(sid, None)
+            self._inflight_requests.pop(sid, None)
         for bookings in self._bookings.values():
             for booking in bookings:
                 if booking.counted and booking.server_id in gone:
@@ -271,13 +262,15 @@ class OmniRequestLoadBalancer(GlobalRequestLoadBalancer):
         """Forget the sticky (LRU) placements; in-flight requests keep their replica and their key's hold."""
         cleared = len(self._sticky)
         self._sticky.clear()
-        result = super().clear_sticky_cache()
-        result["cleared_entries"] += cleared
-        return result
+        return {"cleared_entries": cleared, "server_loads": dict(self._inflight_requests)}
 
     def get_status(self) -> dict:
+        """The pool's state, for debugging: verl's keys and the routing's own."""
         return {
-            **super().get_status(),
+            "servers": dict(self._inflight_requests),
+            "total_inflight": self.get_total_inflight(),
+            "active_servers": len(self._inflight_requests),
+            "registered_handles": list(self._servers),
             "policy": self.policy_name,
             "sticky_keys": len(self._sticky),
             "inflight_images": dict(self._images),
