@@ -16,18 +16,22 @@ bash scripts/setup_env.sh
 # the project's own modules as bytecode too (setup_env.sh compiles the installed stack): with
 # PYTHONDONTWRITEBYTECODE set no process would write them, and every Ray worker imports verl_omni
 .venv/bin/python -m compileall -q verl_omni benchmarks >/dev/null
-# pytest keeps only the last `-m`: a caller's expression is joined to `not gpu` instead of replacing it
-markers="not gpu"
+# pytest keeps only the last `-m`: a caller's expression is joined to `not gpu` instead of replacing it. The
+# fault-injection suite (marked `faults`, minutes per trial) runs only when an expression names it
+# (scripts/fault_table.sh)
+markers="not gpu and not faults"
 args=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
     -m)
       [ "$#" -ge 2 ] || { echo "[test] -m needs a marker expression, e.g. -m \"not slow\"" >&2; exit 4; }
       markers="($2) and not gpu"
+      [[ "$2" == *faults* ]] || markers="$markers and not faults"
       shift 2
       ;;
     -m?*)
       markers="(${1#-m}) and not gpu"
+      [[ "$1" == *faults* ]] || markers="$markers and not faults"
       shift
       ;;
     *)
