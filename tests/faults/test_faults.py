@@ -1,7 +1,8 @@
 """Fault injection: each kind of process of the tiny CPU run killed at a random point of step 2, and the driver
 preempted, over several seeds.
 
-Each trial runs the tiny two-step run (a checkpoint after every step), waits for a seeded phase of step 2 to start
+Each trial runs the tiny three-step run (a checkpoint after every step, validation after step 2), waits for a seeded
+phase of step 2 to start
 (``step 2/2: <phase>``, the driver's progress line), waits a seeded fraction of a second more and then kills the
 target: an actor rank, the rollout replica, the reward worker, the agent-loop worker or the request balancer with
 SIGKILL (found by class through Ray's state API, so only this cluster's process is hit), or the driver with SIGKILL
@@ -37,7 +38,10 @@ from verl_omni.utils.exit_codes import EXIT_PREEMPTED
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-STEPS = 2
+STEPS = 3
+# the step a fault strikes in: every worker is still needed after it (a kill in the last step's checkpoint, after the
+# workers' last call, is no fault the run can notice)
+STRUCK_STEP = 2
 # every phase may stall at most this long (the watchdog's keys) and the run must end this long after the kill: a
 # fault the run does not notice shows as an error of the watchdog, a hang as a failed trial
 WATCHDOG_S = 180
@@ -45,7 +49,7 @@ FAIL_WITHIN_S = WATCHDOG_S + 120
 ARGS = (
     f"trainer.total_training_steps={STEPS}",
     "trainer.save_freq=1",
-    f"trainer.test_freq={STEPS}",
+    f"trainer.test_freq={STRUCK_STEP}",
     "trainer.val_before_train=false",
     *(
         f"trainer.watchdog.{key}={WATCHDOG_S}"
@@ -59,8 +63,8 @@ ARGS = (
         )
     ),
 )
-# a progress line of the driver (RayFlowGRPOTrainer._phase): the phase of the last step that started
-PHASE_LINE = re.compile(rf"step {STEPS}/{STEPS}: (\w+)$")
+# a progress line of the driver (RayFlowGRPOTrainer._phase): the phase of the struck step that started
+PHASE_LINE = re.compile(rf"step {STRUCK_STEP}/{STEPS}: (\w+)$")
 # the trainer's error for a worker that died (WorkerSetup.lost_worker_message)
 LOST = re.compile(r"the run lost (.+?) on node")
 
@@ -203,7 +207,9 @@ def run_until_struck(trial: Trial, fault: Fault, command, out: Path, env: dict, 
                 strike(fault, proc, dashboard, rng)
                 struck = time.monotonic()
                 break
-        assert struck is not None, f"the run ended before step {STEPS} logged {trial.phase}:\n{''.join(lines)[-4000:]}"
+        assert struck is not None, (
+            f"the run ended before step {STRUCK_STEP} logged {trial.phase}:\n{''.join(lines)[-4000:]}"
+        )
         rest, _ = proc.communicate(timeout=FAIL_WITHIN_S)
         lines.append(rest)
         trial.seconds_to_exit = round(time.monotonic() - struck, 1)

@@ -177,14 +177,18 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
             try:
                 with marked_timer("step", timing_raw):
                     batch = self.step(next(batches), metrics, timing_raw)
-                    if self._due(self.configs.trainer.save_freq, is_last_step):
-                        with self._phase("save_checkpoint", timing_raw):
-                            self._save_checkpoint()
             except StepAbandoned:
                 self._stop_if_preempted(self.global_steps - 1, self._data_state_before_step)
             if self._due(self.configs.trainer.test_freq, is_last_step) and not self.preemption.requested:
                 with self._phase("testing", timing_raw):
                     metrics.update(self._validate())
+            # the checkpoint comes after the step's validation and right before its metrics line: a run that dies
+            # anywhere in the step resumes from the previous checkpoint and redoes the whole step, its validation and
+            # its metrics line included, instead of going on from a step whose line was never written
+            if self._due(self.configs.trainer.save_freq, is_last_step):
+                with self._phase("save_checkpoint", timing_raw):
+                    self._save_checkpoint()
+                timing_raw["step"] += timing_raw["save_checkpoint"]
             self._compute_metrics(batch, metrics, timing_raw, self.global_steps, self._epoch())
             self.tracker.log(data=metrics, step=self.global_steps)
             if self.guard_alarm is not None:
