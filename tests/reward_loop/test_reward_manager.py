@@ -158,3 +158,20 @@ def test_a_videos_reward_is_the_mean_of_its_frames_scored_as_images():
     assert [o["reward_score"] for o in out] == pytest.approx(expected)
     assert [o["reward_extra_info"]["reward/jpeg"] for o in out] == pytest.approx(expected)
     assert expected[0] != pytest.approx(expected[1])
+
+
+def test_audio_reaches_the_score_batch_when_the_rollout_output_has_it():
+    manager = DiffusionRewardManager(make_config(scorers=[{"type": "brightness"}]))
+    data = make_data(make_images(2), ["a", "b"])
+    assert (manager.to_score_batch(data).audio, manager.to_score_batch(data).sample_rate) == (None, None)
+    waves = torch.randn(2, 800, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    data.batch["audio"] = waves
+    with pytest.raises(KeyError, match="no sample rates under 'audio_sample_rate'"):
+        manager.to_score_batch(data)
+    data.non_tensor_batch["audio_sample_rate"] = np.array([24_000, 16_000], dtype=object)
+    with pytest.raises(ValueError, match="one sample rate for the batch"):
+        manager.to_score_batch(data)
+    data.non_tensor_batch["audio_sample_rate"] = np.array([24_000, 24_000], dtype=object)
+    batch = manager.to_score_batch(data)
+    assert batch.sample_rate == 24_000 and [w.dtype for w in batch.audio] == [torch.float32] * 2
+    assert torch.equal(torch.stack(batch.audio), waves.float())

@@ -4,7 +4,9 @@ Registered in verl's reward-manager registry as ``diffusion`` (``reward.reward_m
 Inputs per sample: ``batch[image_key]`` uint8 ``[3, H, W]`` (or a video ``[F, 3, H, W]``),
 ``non_tensor_batch[prompt_key]`` (text, or chat messages whose last user turn is the prompt and
 holds the source images of an edit) and, optionally, ``non_tensor_batch[ground_truth_key]`` (text,
-or a dict with ``ground_truth``) and ``non_tensor_batch[source_images_key]`` (``source_images.py``).
+or a dict with ``ground_truth``), ``non_tensor_batch[source_images_key]`` (``source_images.py``) and,
+when the rollout output has sound, ``batch[audio_key]`` (float32 waveforms ``[samples]``) with
+``non_tensor_batch["<audio_key>_sample_rate"]`` (Hz).
 """
 
 from __future__ import annotations
@@ -62,7 +64,25 @@ class DiffusionRewardManager(RewardManagerBase):
         prompts = [prompt_text(v, cfg.prompt_key) for v in raw_prompts]
         truths = data.non_tensor_batch.get(cfg.ground_truth_key)
         targets = None if truths is None else [ground_truth_text(v, cfg.ground_truth_key) for v in truths]
-        return ScoreBatch(data.batch[cfg.image_key], prompts, targets, self.source_images(data, raw_prompts))
+        audio, sample_rate = self.audio(data)
+        sources = self.source_images(data, raw_prompts)
+        return ScoreBatch(data.batch[cfg.image_key], prompts, targets, sources, audio, sample_rate)
+
+    def audio(self, data: DataProto) -> tuple[list[torch.Tensor] | None, int | None]:
+        """Each sample's float32 waveform and their one sample rate; ``(None, None)`` when ``data`` has no audio."""
+        key = self.reward_config.audio_key
+        if key not in data.batch.keys():
+            return None, None
+        rate_key = f"{key}_sample_rate"
+        if rate_key not in data.non_tensor_batch:
+            raise KeyError(
+                f"DataProto.batch has audio under {key!r} ({CONFIG_KEY}.audio_key) but non_tensor_batch has no "
+                f"sample rates under {rate_key!r}: the rollout must record each waveform's rate (Hz) there"
+            )
+        rates = {int(r) for r in data.non_tensor_batch[rate_key]}
+        if len(rates) != 1:
+            raise ValueError(f"non_tensor_batch[{rate_key!r}] must hold one sample rate for the batch, got {rates}")
+        return [wave.float().cpu() for wave in data.batch[key]], rates.pop()
 
     def source_images(self, data: DataProto, raw_prompts) -> list[list[torch.Tensor]] | None:
         """Each sample's source images (``source_images.py``); None when no sample has any (text-to-image)."""

@@ -3,7 +3,9 @@
 Contract: a scorer receives a :class:`ScoreBatch` (uint8 images ``[B, 3, H, W]`` or videos
 ``[B, F, 3, H, W]``, ``B`` prompts, optional per-sample target text and source images) and returns
 ``B`` finite floats. An image scorer only ever sees images: on a video batch the combiner scores its
-frames and averages them (``video.py``); a scorer that declares ``video_input`` gets whole videos. An operational failure (a server
+frames and averages them (``video.py``); a scorer that declares ``video_input`` gets whole videos. A batch
+may also carry each sample's audio (float32 waveform ``[samples]`` at one ``sample_rate``), which a scorer
+that declares ``audio_input`` scores. An operational failure (a server
 that stays down, a timeout after the retries) is raised as :class:`ScorerError`, which the
 multi-reward combiner applies its required/optional policy to; any other exception is a bug and
 propagates.
@@ -40,12 +42,17 @@ class ScoreBatch:
         sources (list[list[torch.Tensor]] | None): optional source images per sample (the images an
             edit started from), each uint8 ``[3, h, w]`` of any size; an empty list for a sample
             without one (text-to-image).
+        audio (list[torch.Tensor] | None): optional mono waveform per sample, float32 ``[samples]`` in
+            [-1, 1] (lengths may differ), for a model that makes sound with its images or videos.
+        sample_rate (int | None): samples per second of every ``audio`` waveform; set exactly when ``audio`` is.
     """
 
     images: torch.Tensor
     prompts: list[str]
     targets: list[str | None] | None = None
     sources: list[list[torch.Tensor]] | None = None
+    audio: list[torch.Tensor] | None = None
+    sample_rate: int | None = None
 
     def __post_init__(self):
         images = self.images
@@ -64,6 +71,7 @@ class ScoreBatch:
             raise ValueError(f"targets must have one entry per image ({size}), got {len(self.targets)}")
         if self.sources is not None:
             self._check_sources(size)
+        self._check_audio(size)
 
     def _check_sources(self, size: int) -> None:
         if len(self.sources) != size:
@@ -74,6 +82,21 @@ class ScoreBatch:
                     raise ValueError(f"sources[{i}][{j}] must be a uint8 tensor [3, h, w], got {image!r:.100}")
                 if image.shape[0] != 3 or 0 in image.shape:
                     raise ValueError(f"sources[{i}][{j}] must have shape [3, h, w], got {tuple(image.shape)}")
+
+    def _check_audio(self, size: int) -> None:
+        if self.audio is None:
+            if self.sample_rate is not None:
+                raise ValueError(f"sample_rate={self.sample_rate} is set but the batch has no audio")
+            return
+        if isinstance(self.sample_rate, bool) or not isinstance(self.sample_rate, int) or self.sample_rate < 1:
+            raise ValueError(
+                f"sample_rate must be a positive integer (Hz) when audio is given, got {self.sample_rate!r}"
+            )
+        if len(self.audio) != size:
+            raise ValueError(f"audio must have one waveform per image ({size}), got {len(self.audio)}")
+        for i, wave in enumerate(self.audio):
+            if not (isinstance(wave, torch.Tensor) and wave.dtype == torch.float32 and wave.ndim == 1 and wave.numel()):
+                raise ValueError(f"audio[{i}] must be a non-empty float32 waveform [samples], got {wave!r:.100}")
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -87,7 +110,10 @@ class ScoreBatch:
         """The one-sample batch at ``index`` (for scorers that work per sample)."""
         targets = None if self.targets is None else [self.targets[index]]
         sources = None if self.sources is None else [self.sources[index]]
-        return ScoreBatch(self.images[index : index + 1], [self.prompts[index]], targets, sources)
+        audio = None if self.audio is None else [self.audio[index]]
+        return ScoreBatch(
+            self.images[index : index + 1], [self.prompts[index]], targets, sources, audio, self.sample_rate
+        )
 
 
 @dataclass
@@ -104,6 +130,8 @@ class Scorer(ABC):
             that sample (request-per-image scorers such as ``ocr``).
         video_input: the scorer scores whole videos ``[B, F, 3, H, W]`` (and refuses images); an
             image scorer (False) is given the frames of a video batch and their mean is its score.
+        audio_input: the scorer scores the batch's ``audio`` (and refuses a batch without it); it is given
+            the batch as it is, videos unsplit.
         extra: the ``verl_omni`` pip extra whose packages the scorer imports (``pip install
             'verl_omni[<extra>]'``); None when the trainer's own packages suffice. The scorer table
             (``docs/reference/scorers.md``) lists it.
@@ -115,6 +143,7 @@ class Scorer(ABC):
     params_cls: ClassVar[type[BaseConfig]] = NoParams
     per_sample: ClassVar[bool] = False
     video_input: ClassVar[bool] = False
+    audio_input: ClassVar[bool] = False
     extra: ClassVar[str | None] = None
     requirements: ClassVar[tuple[str, ...]] = ()
 

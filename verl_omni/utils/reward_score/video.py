@@ -4,6 +4,7 @@ A video batch holds uint8 ``[B, F, 3, H, W]``. The combiner scores it through :f
 
 * the frames ``0, s, 2s, ...`` are kept (``s`` = the scorer entry's ``frame_stride``);
 * a video scorer (``Scorer.video_input``) gets those videos;
+* an audio scorer (``Scorer.audio_input``) gets the batch as it is (it reads ``audio``, not frames);
 * an image scorer gets every kept frame as an image (prompt, target and source images repeated),
   and a sample's score is the mean over its kept frames.
 
@@ -12,6 +13,7 @@ So any image scorer works on videos with no code of its own; a frame that fails 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from verl_omni.utils.reward_score.base import ScoreBatch, Scorer, check_scores
@@ -25,7 +27,7 @@ def every_nth_frame(batch: ScoreBatch, stride: int) -> ScoreBatch:
         raise ValueError(f"frame_stride must be >= 1, got {stride}")
     if stride == 1:
         return batch
-    return ScoreBatch(batch.images[:, ::stride], batch.prompts, batch.targets, batch.sources)
+    return dataclasses.replace(batch, images=batch.images[:, ::stride])
 
 
 def frames_as_images(batch: ScoreBatch) -> ScoreBatch:
@@ -36,7 +38,14 @@ def frames_as_images(batch: ScoreBatch) -> ScoreBatch:
         return None if values is None else [v for v in values for _ in range(frames)]
 
     images = batch.images.reshape(size * frames, *batch.images.shape[2:])
-    return ScoreBatch(images, repeat(batch.prompts), repeat(batch.targets), repeat(batch.sources))
+    return ScoreBatch(
+        images,
+        repeat(batch.prompts),
+        repeat(batch.targets),
+        repeat(batch.sources),
+        repeat(batch.audio),
+        batch.sample_rate,
+    )
 
 
 async def score_any(scorer: Scorer, batch: ScoreBatch, name: str, frame_stride: int = 1) -> list[float]:
@@ -44,8 +53,16 @@ async def score_any(scorer: Scorer, batch: ScoreBatch, name: str, frame_stride: 
 
     Images go to an image scorer as they are; a video scorer refuses them (ValueError). Videos are
     subsampled by ``frame_stride``; an image scorer's per-frame scores are averaged per sample.
-    The per-frame scores are checked (finite, one per frame) before averaging.
+    The per-frame scores are checked (finite, one per frame) before averaging. An audio scorer gets the
+    batch unchanged, and refuses (ValueError) one without audio.
     """
+    if scorer.audio_input:
+        if batch.audio is None:
+            raise ValueError(
+                f"scorer {name!r} scores audio but the batch has none: use it on a model that makes sound "
+                "(the rollout output's audio under reward.diffusion.audio_key), or remove it"
+            )
+        return await scorer.score(batch)
     if not batch.is_video:
         if scorer.video_input:
             raise ValueError(

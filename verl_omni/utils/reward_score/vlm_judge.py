@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -111,10 +112,12 @@ class VlmJudgeScorer(Scorer):
 
     params_cls = VlmJudgeParams
     per_sample = True
+    # the registered name, in errors; a judge with its own prompt and parsing (``unified_reward``) sets its own
+    judge_name: ClassVar[str] = "vlm_judge"
 
     def __init__(self, params: VlmJudgeParams):
         super().__init__(params)
-        self.client = HttpClient(params, scorer="vlm_judge")
+        self.client = HttpClient(params, scorer=self.judge_name)
         self.endpoint = params.url.rstrip("/") + "/chat/completions"
 
     async def score(self, batch: ScoreBatch) -> list[float]:
@@ -147,17 +150,17 @@ class VlmJudgeScorer(Scorer):
             text = answer["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as e:
             raise ScorerError(
-                f"scorer 'vlm_judge': unexpected chat answer from {self.endpoint}: {answer!r:.200}"
+                f"scorer {self.judge_name!r}: unexpected chat answer from {self.endpoint}: {answer!r:.200}"
             ) from e
         if not isinstance(text, str) or not text.strip():
-            raise ScorerError(f"scorer 'vlm_judge': empty answer from {self.endpoint}: {answer!r:.200}")
+            raise ScorerError(f"scorer {self.judge_name!r}: empty answer from {self.endpoint}: {answer!r:.200}")
         try:
             raw = parse_score(text, p.parser, p.score_pattern, p.json_field)
         except ScoreParseError as e:
-            raise ScorerError(f"scorer 'vlm_judge': {e} in the answer {text[-300:]!r}") from e
+            raise ScorerError(f"scorer {self.judge_name!r}: {e} in the answer {text[-300:]!r}") from e
         if not p.score_min <= raw <= p.score_max:
             raise ScorerError(
-                f"scorer 'vlm_judge': score {raw} is outside [score_min, score_max] = [{p.score_min}, {p.score_max}] "
+                f"scorer {self.judge_name!r}: score {raw} is outside [score_min, score_max] = [{p.score_min}, {p.score_max}] "
                 f"in the answer {text[-300:]!r}"
             )
         return (raw - p.score_min) / (p.score_max - p.score_min) if p.normalize else raw
