@@ -18,8 +18,10 @@ What the loss needs of the engine, and how it gets it:
   disabled, or full fine-tuning's frozen copy) in the update (``Phases.reference_in_update``).
 
 Timesteps, as the authors: a few steps of the rollout's schedule from its noisiest part (their ``trunc_steps``: the
-first half of a 10-step schedule), shared by the mini-batch; drawn here one per stratum as AWM and Diffusion-DPO draw
-them (:func:`~verl_omni.algorithms.awm.stratified_steps`), where the authors draw them without replacement.
+first half of a 10-step schedule), one σ for all the samples of a forward; drawn here one per stratum, per
+mini-batch, as AWM and Diffusion-DPO draw them (:func:`~verl_omni.algorithms.awm.stratified_steps`), where the
+authors draw them uniformly without replacement, once per inner epoch. The YAML samples without guidance (the
+authors' CFG-free mode; their default samples with guidance and trains without).
 ``kl_coef`` is their optional velocity penalty mean‖v_θ − v_ref‖² (``train.beta``), on the reference velocity the
 update already has. Not implemented: their PPO-style clip of the matching error against a fast EMA of the policy
 (``clip_dsm``), sampling from that EMA after ``switch_ema_ref`` steps, and classifier-free guidance in the

@@ -18,16 +18,17 @@ Its gradient is σ(S) · β/G · Σ_i A_i · ∇e_θ(x_i): the advantage-weighte
 (AWM's), weighted per group by σ(S), which fades as the policy's preference for G⁺ over G⁻ grows beyond the
 reference's.
 
-What this module follows, from the authors' public training script (``scripts/train_sd3_dgpo.py`` of
-Luo-Yihong/DGPO, ``compute_group_dgpo_loss_allreduce``):
+Sources: the objective −log σ(R(G⁺) − R(G⁻)) as the authors' README states it, and every detail below from their
+public training script (``scripts/train_sd3_dgpo.py`` of Luo-Yihong/DGPO, ``compute_group_dgpo_loss_allreduce``);
+the paper's own text was not at hand, so where it may normalise differently the script is what is followed:
 
-* the weights |A_i|/G with G the prompt group's size (not each sub-group's own sum of |A|: the two coincide up to a
-  per-group factor only), and A the clipped group-normalised advantage; clipping can break Σ A = 0 slightly, as the
-  authors note;
+* the weights |A_i|/G with G the prompt group's size, not |A_i| normalised by its own sub-group's sum (that would
+  rescale each group's S by a per-group factor), and A the clipped group-normalised advantage; clipping can break
+  Σ A = 0 slightly, as the authors note;
 * the scale of the gradient: their loss is the surrogate mean_i sg[σ(S_g)]·A_i·e_θ(x_i), whose gradient is 1/β
   times the gradient of the objective above, averaged over samples. The loss here is the objective itself, each
   sample carrying its group's softplus(S)/β, averaged over samples: the same gradient (their learning rates and
-  gradient clipping carry over), and a value that is the objective's.
+  gradient clipping carry over), and a value that is the objective over β.
 
 Plain functions of tensors, no registry (as :mod:`verl_omni.algorithms.diffusion_dpo_math`).
 """
