@@ -108,7 +108,7 @@ def test_a_model_that_cannot_record_what_the_algorithm_needs_is_refused_naming_b
         check_model_supports(get_algorithm("grpo_guard"), restricted)
 
 
-@pytest.mark.parametrize("name", ["awm", "diffusion_dpo", "diffusion_nft"])
+@pytest.mark.parametrize("name", ["awm", "diffusion_dpo", "diffusion_nft", "dgpo"])
 def test_an_ode_sample_algorithm_on_a_model_without_ode_recording_is_refused_naming_both(name):
     from verl_omni.pipelines.bagel.training_adapter import BagelTrainingAdapter
     from verl_omni.pipelines.qwen_image.training_adapter import QwenImageTrainingAdapter

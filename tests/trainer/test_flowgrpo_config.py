@@ -231,7 +231,7 @@ def test_separate_async_mode_builds_its_trainer_and_refuses_a_bad_staleness_from
 def test_drop_zero_std_groups_must_be_a_bool_in_every_algorithm():
     from verl_omni.algorithms import algorithm_config_from
 
-    for name in ("flow_grpo", "dance_grpo", "mix_grpo", "grpo_guard", "diffusion_nft", "awm", "diffusion_dpo"):
+    for name in ("flow_grpo", "dance_grpo", "mix_grpo", "grpo_guard", "diffusion_nft", "awm", "diffusion_dpo", "dgpo"):
         with pytest.raises(ValueError, match="algorithm.drop_zero_std_groups must be true or false"):
             algorithm_config_from({"name": name, "drop_zero_std_groups": "yes"})
 

@@ -378,6 +378,7 @@ REFUSED_PAIRINGS = {
     ("bagel", "diffusion_nft"): "needs a rollout that records 'ode_samples'",
     ("bagel", "awm"): "needs a rollout that records 'ode_samples'",
     ("bagel", "diffusion_dpo"): "needs a rollout that records 'ode_samples'",
+    ("bagel", "dgpo"): "needs a rollout that records 'ode_samples'",
 }
 # sampler settings given by hand that a model's rollout pipeline cannot run (MixGRPO-Flash on BAGEL's own loop)
 REFUSED_SAMPLERS = [

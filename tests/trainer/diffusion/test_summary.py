@@ -160,7 +160,7 @@ def test_reward_curve_draws_both_series_rising(run_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft", "awm", "diffusion_dpo"]
+    "name", ["flow_grpo", "grpo_guard", "dance_grpo", "mix_grpo", "diffusion_nft", "awm", "diffusion_dpo", "dgpo"]
 )
 def test_the_summary_names_the_registered_algorithm_run(run_dir, name):
     """The first line names the algorithm as it registered itself (its ``title``), not Flow-GRPO for every run."""

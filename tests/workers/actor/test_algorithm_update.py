@@ -54,6 +54,7 @@ ALGORITHM_OVERRIDES = {
     "diffusion_nft": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
     "awm": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
     "diffusion_dpo": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
+    "dgpo": {f"{ROLLOUT}.noise_level": 0, f"{ROLLOUT}.true_cfg_scale": 1.0, f"{ACTOR}.kl_beta": 0.0},
 }
 GROUP_SIZE = 2
 # made-up rewards: within each prompt group one sample better than the other
