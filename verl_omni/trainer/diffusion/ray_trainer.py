@@ -398,7 +398,7 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
         rows = batch.meta_info.get(UPDATE_ROWS_KEY)
         if rows is not None and not bool(rows.keep.any()):
             logger.warning(
-                "step %d: the algorithm's update layout trains no sample (a preference pair needs unequal rewards): "
+                "step %d: the algorithm's update layout trains no sample (its pairs or groups need unequal rewards): "
                 "no update",
                 self.global_steps,
             )
