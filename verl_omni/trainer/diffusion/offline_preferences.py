@@ -19,6 +19,7 @@ import logging
 import os
 
 import numpy as np
+import ray
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
@@ -82,6 +83,18 @@ class OfflinePreferenceTrainer(RayFlowGRPOTrainer):
         )
         self._load_checkpoint()
         _restore_info_logging()
+
+    def _check_device_layout(self):
+        """Only the actor's ranks are placed: the cluster must have a device (on CPU, a logical CPU) for each."""
+        trainer = self.configs.trainer
+        ranks = trainer.nnodes * trainer.n_gpus_per_node
+        resource = "GPU" if self.device == "cuda" else "CPU"
+        available = ray.cluster_resources().get(resource, 0.0)
+        if ranks > available:
+            raise ValueError(
+                f"the actor asks {ranks} {resource}s (trainer.nnodes x trainer.n_gpus_per_node), the Ray cluster has "
+                f"{available:g}: ask for fewer ranks or start the cluster with more"
+            )
 
     def _init_dataloader(self):
         data = self.config.data
