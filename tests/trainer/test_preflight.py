@@ -213,6 +213,93 @@ def test_fewer_prompts_than_a_batch_is_refused(compose):
     fails_before_ray(compose("data.train_batch_size=1000"), "fewer than data.train_batch_size=1000")
 
 
+# ---- offline preference sets (data.preference_files) -------------------------------------------
+
+# what an offline Diffusion-DPO run needs besides the file (the file is added by ``offline``)
+OFFLINE = (
+    "algorithm=diffusion_dpo",
+    "actor_rollout_ref.rollout.n=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=0",
+)
+
+
+@pytest.fixture(scope="module")
+def preference_rows(tmp_path_factory):
+    """Four preference rows whose images are files: (prompt, chosen, rejected)."""
+    from PIL import Image
+
+    from verl_omni.utils.dataset.preference_data import preference_row
+
+    folder = tmp_path_factory.mktemp("pair_images")
+    Image.new("RGB", (8, 8), (220, 220, 220)).save(folder / "light.png")
+    Image.new("RGB", (8, 8), (20, 20, 20)).save(folder / "dark.png")
+    light, dark = {"image": str(folder / "light.png")}, {"image": str(folder / "dark.png")}
+    return [preference_row(f"a red cat {i}", light, dark, i, "train", "t") for i in range(4)]
+
+
+@pytest.fixture
+def offline(compose, preference_rows, tmp_path):
+    """The config of an offline run on ``rows`` (default: the four good ones), plus ``overrides``."""
+    from verl_omni.utils.dataset.t2i_prompts import write_parquet
+
+    def build(*overrides: str, rows=None, **model):
+        path = write_parquet(preference_rows if rows is None else rows, tmp_path / "prefs.parquet")
+        return compose(*OFFLINE, f"data.preference_files={path}", *overrides, **model)
+
+    return build
+
+
+def test_an_offline_preference_run_validates(offline):
+    from verl_omni.trainer.config.preflight import check_config, check_resources
+    from verl_omni.trainer.config.validation import validate_config
+
+    config = offline()
+    check_config(config)
+    check_resources(config)
+    assert validate_config(config).algorithm.name == "diffusion_dpo"
+
+
+OFFLINE_REFUSALS = [
+    (["algorithm=flow_grpo"], r"data.preference_files \(offline Diffusion-DPO\) trains Diffusion-DPO: set algorithm="),
+    (["actor_rollout_ref.rollout.n=4"], r"set actor_rollout_ref.rollout.n=2 \(got 4\)"),
+    (["trainer.test_freq=5"], r"set trainer.val_before_train=false and trainer.test_freq=0 \(got False and 5\)"),
+    (["trainer.val_before_train=true"], r"set trainer.val_before_train=false and trainer.test_freq=0"),
+    (["algorithm.reward_normalization=gdpo"], r"set algorithm.reward_normalization=sum"),
+    (["data.train_batch_size=8"], r"data.preference_files hold 4 pairs, fewer than data.train_batch_size=8"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "match"), OFFLINE_REFUSALS, ids=lambda v: str(v))
+def test_an_offline_run_refuses_what_needs_a_rollout_naming_the_keys(offline, overrides, match):
+    fails_before_ray(offline(*overrides), match)
+
+
+def test_an_offline_set_with_a_missing_image_names_key_file_and_row(offline, preference_rows, tmp_path):
+    rows = [dict(row) for row in preference_rows]
+    rows[2]["chosen"] = {"image": str(tmp_path / "gone.png")}
+    fails_before_ray(
+        offline(rows=rows),
+        r"data.preference_files: .*prefs.parquet row 2 \(chosen\): source image .*gone.png does not exist",
+    )
+
+
+def test_an_empty_preference_file_names_it(offline, tmp_path):
+    import pandas as pd
+
+    empty = _write(
+        tmp_path / "empty.parquet", pd.DataFrame({c: pd.Series([], dtype=object) for c in ("chosen", "rejected")})
+    )
+    fails_before_ray(offline(f"data.preference_files={empty}"), rf"data.preference_files: {empty} has no rows")
+
+
+def test_an_editing_model_is_refused_an_offline_set(offline, tiny_model):
+    fails_before_ray(
+        offline(model=tiny_model("qwen_image_edit")),
+        r"QwenImageEditTrainingAdapter .* does not have: train this model online",
+    )
+
+
 # ---- reward endpoints -------------------------------------------------------------------------
 
 

@@ -21,6 +21,10 @@ What the loss needs of the engine, and how it gets it:
 
 The paper draws one timestep per pair; here a mini-batch's pairs share each replayed step, ``num_train_steps`` of
 them drawn from strata of the schedule as AWM draws them (:func:`~verl_omni.algorithms.awm.stratified_steps`).
+
+Offline, the pairs come from a preference file instead of a rollout (``data.preference_files``): each pair is a
+group of two samples scored 1 and 0, and the same pairing, layout and loss apply
+(``verl_omni/trainer/diffusion/offline_preferences.py``).
 """
 
 from __future__ import annotations

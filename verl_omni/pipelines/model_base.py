@@ -27,6 +27,7 @@ loaded on the first lookup of that architecture.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 from collections.abc import Mapping
@@ -128,6 +129,11 @@ class ModelAdapter:
         supports_sequence_parallel (`bool`): the replay may split each sample's tokens over the ranks of a
             sequence-parallel group (``actor.ulysses_sequence_parallel_size`` > 1, :meth:`enable_sequence_parallel`);
             False: the trainer refuses such a degree before Ray starts.
+        preference_encoder (`str` or None): dotted path of the class that turns offline preference pairs (prompt,
+            image) into what the ``ode_samples`` replay reads (``data.preference_files``, offline Diffusion-DPO):
+            ``cls(model_path, device, dtype)`` with ``encode(prompts, images, height, width)`` returning
+            ``clean_latents`` and the conditioning tensors per sample. None: the model trains on no preference file
+            (refused before Ray starts).
     """
 
     rollout_pipeline: ClassVar[str]
@@ -155,6 +161,7 @@ class ModelAdapter:
     default_guidance_scale: ClassVar[float | None] = None
     max_source_images: ClassVar[int] = 0
     supports_sequence_parallel: ClassVar[bool] = False
+    preference_encoder: ClassVar[str | None] = None
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[ModelAdapter]:
@@ -170,6 +177,14 @@ class ModelAdapter:
         raise NotImplementedError(f"{cls.__name__} does not tokenize prompts")
 
     # ---- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def build_preference_encoder(cls, model_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+        """The model's encoder of offline preference pairs (:attr:`preference_encoder`), loaded on ``device``."""
+        if cls.preference_encoder is None:
+            raise ValueError(f"{cls.__name__} has no preference encoder: it cannot train on data.preference_files")
+        module, _, name = cls.preference_encoder.rpartition(".")
+        return getattr(importlib.import_module(module), name)(model_path, device, dtype)
 
     @classmethod
     def build_module(cls, model_path: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -4,7 +4,8 @@ Composes ``verl_omni/trainer/config/flowgrpo_trainer.yaml`` with Hydra, builds t
 paths (the tiny random Qwen-Image and the built-in prompts) once, runs the preflight (keys,
 types, model files, data files, reward endpoints: seconds, no engine imported) and validates
 every config node before Ray starts, then starts Ray (or joins ``ray_kwargs.ray_init.address``) and runs
-:class:`RayFlowGRPOTrainer` in this process. With no overrides it is the built-in CPU run
+:class:`RayFlowGRPOTrainer` in this process (with ``data.preference_files``, offline Diffusion-DPO's
+``OfflinePreferenceTrainer``: the actor only). With no overrides it is the built-in CPU run
 (``docs/guide/training.md``).
 """
 
@@ -134,7 +135,11 @@ def run_flowgrpo(config: DictConfig) -> None:
     from verl_omni.utils.exit_codes import EXIT_GUARD_STOP
 
     init_ray(config, configs.trainer.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    trainer = trainer_class(configs.trainer.trainer_mode)(config, configs, run_dir)
+    if OmegaConf.select(config, "data.preference_files", default=None) is not None:
+        from verl_omni.trainer.diffusion.offline_preferences import OfflinePreferenceTrainer as cls
+    else:
+        cls = trainer_class(configs.trainer.trainer_mode)
+    trainer = cls(config, configs, run_dir)
     # after ray.init, whose driver SIGTERM handler exits mid-step: a signal now asks for a checkpoint and a clean stop
     trainer.preemption.install(list(configs.trainer.preempt_signals), on_force=run_dir.lock.release)
     from ray.exceptions import RayActorError

@@ -65,6 +65,8 @@ class QwenImageTrainingAdapter(ModelAdapter):
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
     # the replay may split each sample's text and image tokens over a sequence-parallel group
     supports_sequence_parallel = True
+    # offline preference pairs (data.preference_files) encoded by the checkpoint's VAE and text encoder
+    preference_encoder = "verl_omni.pipelines.qwen_image.preference_encoder.QwenImagePreferenceEncoder"
 
     @classmethod
     def enable_sequence_parallel(cls, module: torch.nn.Module, mesh) -> None:

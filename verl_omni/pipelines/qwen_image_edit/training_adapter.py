@@ -34,6 +34,8 @@ class QwenImageEditTrainingAdapter(QwenImageTrainingAdapter):
     max_source_images = 1
     # the source images' tokens join the sequence after the noise tokens: not split yet
     supports_sequence_parallel = False
+    # an editing pair's conditioning holds its source image: no offline preference encoder yet
+    preference_encoder = None
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:

@@ -11,7 +11,8 @@ This module imports only the standard library, OmegaConf and pyarrow, and checks
 * the model directory: ``model_index.json`` or ``config.json``, every component's JSON config,
   every safetensors header (the 8-byte length and the JSON header, not the weights);
 * every data file: a readable, non-empty parquet with the prompt column (``data.prompt_key``); where it
-  has a source-image column (``data.image_key``, verl's ``images``: an editing set), every image opens;
+  has a source-image column (``data.image_key``, verl's ``images``: an editing set), every image opens; an offline
+  preference set (``data.preference_files``) replaces the training prompts, and its chosen and rejected images open;
 * every reward endpoint (a scorer's ``params.url``) answers HTTP, unless ``reward.diffusion.preflight=false``.
 
 Every error is a ``ValueError`` naming the key or file and the fix.
@@ -217,7 +218,11 @@ def check_data_files(config: DictConfig) -> None:
     """Every training (and, when validation runs, validation) parquet is readable, non-empty and has the prompt column."""
     prompt_key = str(OmegaConf.select(config, "data.prompt_key"))
     trainer = config.trainer
-    keys = ["data.train_files"]
+    # an offline preference run reads its pairs instead of the training prompts
+    offline = OmegaConf.select(config, "data.preference_files", default=None) is not None
+    if offline:
+        _check_preference_files(config)
+    keys = [] if offline else ["data.train_files"]
     if trainer.val_before_train or trainer.test_freq > 0:
         keys.append("data.val_files")
     image_key = str(OmegaConf.select(config, "data.image_key", default=None) or "images")
@@ -228,6 +233,33 @@ def check_data_files(config: DictConfig) -> None:
             raise ValueError(
                 f"{key} hold {rows} prompts, fewer than data.train_batch_size={batch}: add prompts or lower the batch"
             )
+
+
+def _check_preference_files(config: DictConfig) -> None:
+    """Each preference parquet opens, has rows, and every chosen and rejected image opens (named by file, row and
+    column when not); together they hold at least a step's pairs."""
+    from verl_omni.utils.dataset.preference_data import check_preference_images
+
+    key = "data.preference_files"
+    rows = 0
+    for file in _files(config, key):
+        if not Path(file).expanduser().is_file():
+            raise ValueError(f"{key}: {file} does not exist (examples/data_process/preference_pairs.py writes one)")
+        try:
+            count = check_preference_images(Path(file).expanduser())
+        except ValueError as e:
+            raise ValueError(f"{key}: {e}; fix the row or rewrite the set") from e
+        except Exception as e:  # pyarrow raises ArrowInvalid, OSError, ... for a file that is not parquet
+            raise ValueError(f"{key}: {file} is not a readable parquet file ({e})") from e
+        if count == 0:
+            raise ValueError(f"{key}: {file} has no rows; write pairs into it or remove it from {key}")
+        rows += count
+    batch = OmegaConf.select(config, "data.train_batch_size")
+    if isinstance(batch, int) and rows < batch:
+        raise ValueError(
+            f"{key} hold {rows} pairs, fewer than data.train_batch_size={batch} (pairs per step): add pairs or "
+            "lower the batch"
+        )
 
 
 def _files(config: DictConfig, key: str) -> list[str]:

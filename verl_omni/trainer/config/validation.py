@@ -203,6 +203,47 @@ def _check_mode(configs: RunConfigs) -> None:
         )
 
 
+def _check_offline_preferences(config: DictConfig, configs: RunConfigs) -> None:
+    """``data.preference_files``: Diffusion-DPO on the files' pairs, each a group of two samples, and no rollout
+    engine, so nothing that needs one (validation, the async trainer, per-scorer rewards)."""
+    if OmegaConf.select(config, "data.preference_files", default=None) is None:
+        return
+    name, trainer, adapter = configs.algorithm.name, configs.trainer, configs.model.adapter
+    refusals = [
+        (name != "diffusion_dpo", f"trains Diffusion-DPO: set algorithm=diffusion_dpo (got algorithm={name})"),
+        (
+            configs.rollout.n != 2,
+            f"makes each pair a group of two samples: set actor_rollout_ref.rollout.n=2 (got {configs.rollout.n})",
+        ),
+        (
+            trainer.val_before_train or trainer.test_freq > 0,
+            "starts no rollout engine, which validation samples with: set trainer.val_before_train=false and "
+            f"trainer.test_freq=0 (got {trainer.val_before_train} and {trainer.test_freq})",
+        ),
+        (
+            trainer.trainer_mode != "sync",
+            f"has no rollout to run ahead: set trainer.trainer_mode=sync (got {trainer.trainer_mode})",
+        ),
+        (
+            configs.algorithm.reward_normalization != "sum",
+            "has no scorers (the pair says which image is preferred): set algorithm.reward_normalization=sum",
+        ),
+        (
+            getattr(configs.algorithm, "pairing", None) == "margin" and configs.algorithm.reward_margin >= 1,
+            "scores a pair's chosen image 1 and its rejected one 0: algorithm.reward_margin must be < 1 "
+            f"(got {getattr(configs.algorithm, 'reward_margin', None)})",
+        ),
+        (
+            adapter.preference_encoder is None,
+            f"encodes the images with the model's preference encoder, which {adapter.__name__} "
+            f"({configs.model.path}) does not have: train this model online (data.preference_files=null)",
+        ),
+    ]
+    for refused, why in refusals:
+        if refused:
+            raise ValueError(f"data.preference_files (offline Diffusion-DPO) {why}")
+
+
 def _check_device(trainer: FlowGRPOTrainerConfig) -> None:
     import torch
 
@@ -232,6 +273,8 @@ def validate_config(config: DictConfig) -> RunConfigs:
     )
     # the algorithm x model pairing first: the algorithm's own rules may not even apply to a model that cannot run it
     check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)
+    # an offline preference run's rules first: they name the algorithm and settings it needs
+    _check_offline_preferences(config, configs)
     _resolve_model_defaults(config, configs)
     _check_device(configs.trainer)
     _check_reward_manager(config)

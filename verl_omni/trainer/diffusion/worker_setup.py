@@ -165,16 +165,21 @@ class WorkerSetup:
         """One line naming the node (id and IP) of each of the run's Ray workers (actor ranks, replicas, reward,
         agent-loop and routing workers): on several nodes it tells which workers a lost node took with it
         (:meth:`lost_worker_message` names them by it)."""
-        workers = {f"actor rank {i}": handle for i, handle in enumerate(self.actor_rollout_wg.workers)}
-        workers |= {f"replica {i}": handle for i, handle in enumerate(self.llm_server_manager.server_handles)}
-        workers |= {f"reward worker {i}": h for i, h in enumerate(self.reward_loop_manager.reward_loop_workers)}
-        workers |= {f"agent-loop worker {i}": h for i, h in enumerate(self.agent_loop_manager.agent_loop_workers)}
-        workers["request balancer"] = self.llm_server_manager.global_load_balancer
+        workers = self._placed_workers()
         found = ray.get([handle.__ray_call__.remote(_where) for handle in workers.values()])
         self.worker_placement = {
             actor_id: f"{name} on {node}" for name, (actor_id, node) in zip(workers, found, strict=True)
         }
         logger.info("placement: %s", ", ".join(self.worker_placement.values()))
+
+    def _placed_workers(self) -> dict:
+        """Every Ray worker of the run by the name the placement line and the error of a lost one give it."""
+        workers = {f"actor rank {i}": handle for i, handle in enumerate(self.actor_rollout_wg.workers)}
+        workers |= {f"replica {i}": handle for i, handle in enumerate(self.llm_server_manager.server_handles)}
+        workers |= {f"reward worker {i}": h for i, h in enumerate(self.reward_loop_manager.reward_loop_workers)}
+        workers |= {f"agent-loop worker {i}": h for i, h in enumerate(self.agent_loop_manager.agent_loop_workers)}
+        workers["request balancer"] = self.llm_server_manager.global_load_balancer
+        return workers
 
     def phase_workers(self, phase: str) -> str:
         """The workers ``phase`` waits on, with their nodes once placed (the watchdog's report of a stalled phase)."""

@@ -14,7 +14,7 @@ Rows come from a folder of pairs (:func:`pair_folder_rows`), one sub-folder per 
 ``prompt.txt`` holds the prompt (its stripped text); each image may have any suffix of
 :data:`~verl_omni.utils.dataset.edit_prompts.IMAGE_SUFFIXES`. A missing or unreadable image is an error
 naming the file, the row and the column (:func:`check_preference_images`), so a set can be checked before a
-run starts.
+run starts. A run reads the files as :class:`PreferencePairs` (``data.preference_files``: offline Diffusion-DPO).
 """
 
 from __future__ import annotations
@@ -65,16 +65,69 @@ def pair_folder_rows(
     return rows
 
 
-def check_preference_images(file: str | Path) -> int:
-    """Open the chosen and rejected image of every row of a preference parquet; returns how many rows. Errors
-    name the file, the row and the column (and the image file for a path)."""
+def _read_table(file: str | Path, prompt_key: str | None = None):
+    """The parquet table of a preference file, after checking its image (and, given, prompt) columns."""
     import pyarrow.parquet as pq
 
     table = pq.read_table(file)
-    missing = [key for key in (CHOSEN_KEY, REJECTED_KEY) if key not in table.column_names]
+    wanted = ([prompt_key] if prompt_key else []) + [CHOSEN_KEY, REJECTED_KEY]
+    missing = [key for key in wanted if key not in table.column_names]
     if missing:
         raise ValueError(f"{file} lacks the column(s) {missing}: a preference row holds prompt, chosen and rejected")
+    return table
+
+
+def check_preference_images(file: str | Path) -> int:
+    """Open the chosen and rejected image of every row of a preference parquet; returns how many rows. Errors
+    name the file, the row and the column (and the image file for a path)."""
+    table = _read_table(file)
     for column in (CHOSEN_KEY, REJECTED_KEY):
         for row, ref in enumerate(table.column(column).to_pylist()):
             load_source_image(ref, f"{file} row {row} ({column})")
     return table.num_rows
+
+
+def prompt_text(prompt, where: str) -> str:
+    """The text of a row's prompt: a string, or chat messages (:func:`prompt_row`'s form) whose last one is read."""
+    if isinstance(prompt, str):
+        text = prompt
+    elif isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[-1], dict):
+        text = prompt[-1].get("content")
+    else:
+        text = None
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{where}: the prompt is a text or chat messages [{{'role', 'content'}}], got {prompt!r:.80}")
+    return text
+
+
+class PreferencePairs:
+    """The rows of one or more preference parquets, each ``{"prompt": text, "chosen": ref, "rejected": ref}``
+    (the image references as stored; :func:`load_pair` opens them). A map-style dataset: a dataloader batches it.
+    """
+
+    def __init__(self, files: str | Path | list, prompt_key: str = "prompt"):
+        self.rows: list[dict] = []
+        for file in [files] if isinstance(files, (str, Path)) else list(files):
+            table = _read_table(file, prompt_key)
+            columns = {key: table.column(key).to_pylist() for key in (prompt_key, CHOSEN_KEY, REJECTED_KEY)}
+            for row in range(table.num_rows):
+                where = f"{file} row {row}"
+                self.rows.append(
+                    {
+                        "prompt": prompt_text(columns[prompt_key][row], where),
+                        CHOSEN_KEY: columns[CHOSEN_KEY][row],
+                        REJECTED_KEY: columns[REJECTED_KEY][row],
+                        "where": where,
+                    }
+                )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        return self.rows[index]
+
+
+def load_pair(row: dict) -> tuple:
+    """The (chosen, rejected) RGB PIL images of a :class:`PreferencePairs` row; errors name its file and row."""
+    return tuple(load_source_image(row[key], f"{row['where']} ({key})") for key in (CHOSEN_KEY, REJECTED_KEY))
