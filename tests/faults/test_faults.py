@@ -11,7 +11,8 @@ or SIGTERM. It asserts what a user of a cluster needs:
 * the run ends within :data:`FAIL_WITHIN_S` of the kill, with an error naming the lost worker (a preempted driver:
   with ``EXIT_PREEMPTED``, a checkpoint of the last finished step written);
 * the checkpoint the run directory names as latest is complete (a save cut short stays a ``.partial`` directory);
-* the same command resumes from it to the uninterrupted run's metrics of every step, exactly.
+* the same command resumes from it to the uninterrupted run's metrics of every step, exactly (a preempted step's
+  validation is skipped, so its ``val/*`` are not compared).
 
 The suite is not part of CI (marker ``faults``, which ``scripts/test.sh`` deselects unless asked): every trial is
 two trainer runs. ``bash scripts/fault_table.sh "0 1 2"`` runs it over three seeds and prints the table that
@@ -263,8 +264,14 @@ def test_a_fault_fails_loudly_keeps_the_checkpoints_whole_and_resumes_exactly(
 
     records, _ = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *ARGS)
     got = by_step(records)
+    # a preempted step skips its validation to stop within the grace (docs/guide/reliability.md): its line has no val/*
+    preempted = STRUCK_STEP if fault.sig == signal.SIGTERM else None
     compared = {
-        step: sorted(k for k in expected[step] if k.startswith(("critic/", "actor/", "reward/", "val/")))
+        step: sorted(
+            k
+            for k in expected[step]
+            if k.startswith(("critic/", "actor/", "reward/")) or (k.startswith("val/") and step != preempted)
+        )
         for step in expected
     }
     trial.resume_exact = all(
