@@ -25,3 +25,25 @@ def test_importing_the_entry_point_freezes_nothing():
     code = "import gc, verl_omni.trainer.main_flowgrpo; print(gc.get_freeze_count())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert int(out.split()[-1]) == 0
+
+
+def test_a_dead_worker_reported_in_a_phases_own_words_is_found_in_the_cause_chain():
+    """The weight sync wraps a dead server's ``ActorDiedError`` in its own error (naming the server index); the entry
+    point finds the Ray error under it, to name the lost worker and its node as for any other phase."""
+    from ray.exceptions import ActorDiedError, RayActorError
+
+    from verl_omni.trainer.main_flowgrpo import lost_worker_cause
+
+    died = ActorDiedError()
+    try:
+        try:
+            raise died
+        except ActorDiedError as e:
+            raise RuntimeError("weight sync (load_lora) failed on rollout server 0 of 1 (1 failed)") from e
+    except RuntimeError as wrapped:
+        assert lost_worker_cause(wrapped, RayActorError) is died
+    assert lost_worker_cause(RuntimeError("a bug"), RayActorError) is None
+    looped = RuntimeError("a cause chain with a cycle")
+    looped.__cause__ = ValueError()
+    looped.__cause__.__cause__ = looped
+    assert lost_worker_cause(looped, RayActorError) is None

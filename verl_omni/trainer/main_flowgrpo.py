@@ -160,6 +160,24 @@ def run_flowgrpo(config: DictConfig) -> None:
     except GuardStop as stop:  # a deliberate stop, told apart from a crash by its exit status
         print(stop, file=sys.stderr, flush=True)
         raise SystemExit(EXIT_GUARD_STOP) from None
+    except Exception as e:
+        # a phase that reports a dead worker in its own words (the weight sync names the server that failed) still
+        # ends with the lost worker's name and node
+        lost = lost_worker_cause(e, RayActorError)
+        if lost is None:
+            raise
+        raise RuntimeError(trainer.lost_worker_message(lost)) from e
+
+
+def lost_worker_cause(error: BaseException, kind: type) -> BaseException | None:
+    """The first ``kind`` (Ray's error for a dead worker) in ``error``'s chain of causes, or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return error
+        seen.add(id(error))
+        error = error.__cause__
+    return None
 
 
 def stop_preempted(trainer, stop) -> None:
