@@ -24,7 +24,6 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl import DataProto
 
-from verl_omni.trainer.diffusion import non_finite
 from verl_omni.trainer.diffusion.ray_trainer import RayFlowGRPOTrainer, _restore_info_logging
 from verl_omni.utils.dataset.preference_data import PreferencePairs, load_pair
 
@@ -126,15 +125,7 @@ class OfflinePreferenceTrainer(RayFlowGRPOTrainer):
         with self._phase("encode", timing_raw):
             batch = self.preference_batches.batch(batch_dict, self.global_steps)
         self._skip_update = None
-        with self._phase("adv", timing_raw):
-            batch = self._compute_advantage(batch, metrics)
-        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
-        with self._phase("update_actor", timing_raw):
-            batch = self._update_actor(batch, metrics)
-        if bad := non_finite.bad_update_metrics(metrics):
-            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
-        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
-        return batch
+        return self._advantage_and_update(batch, metrics, timing_raw)
 
     def on_train_end(self):
         self.tracker.finish()

@@ -200,6 +200,19 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
         progress.close()
         self.on_train_end()
 
+    def _advantage_and_update(self, batch: DataProto, metrics: dict, timing_raw: dict) -> DataProto:
+        """The algorithm's advantages, then its update of the actor, each checked for non-finite values; shared by the
+        online step and the offline preference step (``offline_preferences.py``)."""
+        with self._phase("adv", timing_raw):
+            batch = self._compute_advantage(batch, metrics)
+        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
+        with self._phase("update_actor", timing_raw):
+            batch = self._update_actor(batch, metrics)
+        if bad := non_finite.bad_update_metrics(metrics):
+            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
+        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
+        return batch
+
     def _stop_if_preempted(self, finished: int, data_state: dict | None = None) -> None:
         """On a preemption request: checkpoint step ``finished`` (unless its checkpoint exists) and raise
         :class:`Preempted`. ``data_state``: the dataloader's position after that step when it is not the current one.
@@ -234,16 +247,8 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
                 batch = self._compute_ref_log_prob(batch, metrics)
         self._skip_update = None
         self._check_rows("rm_scores", batch, f"the reward (scorers: {self._scorer_names()})")
-        # 6. the algorithm's advantages
-        with self._phase("adv", timing_raw):
-            batch = self._compute_advantage(batch, metrics)
-        self._check_rows("advantages", batch, f"the advantage ({self.algorithm.display_name()})")
-        # 7. the algorithm's update of the LoRA (or the full transformer)
-        with self._phase("update_actor", timing_raw):
-            batch = self._update_actor(batch, metrics)
-        if bad := non_finite.bad_update_metrics(metrics):
-            self._non_finite(f"the actor's update reported {bad} (ranks' loss / gradient norm)")
-        metrics["training/non_finite_steps_skipped"] = float(self._non_finite_skipped)
+        # 6-7. the algorithm's advantages and its update of the LoRA (or the full transformer)
+        batch = self._advantage_and_update(batch, metrics, timing_raw)
         # 8. the new weights to every rollout replica
         with self._phase("sync", timing_raw):
             self._sync_weights(metrics)
