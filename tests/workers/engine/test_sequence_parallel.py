@@ -67,9 +67,10 @@ def test_checkpoint_saved_split_resumes_unsplit(split_and_unsplit):
     torch.testing.assert_close(results["resumed_log_probs_1"], results["stepped_log_probs_2"], rtol=0, atol=1e-5)
 
 
-def assert_bf16_split_matches_unsplit(results: dict) -> None:
+def assert_bf16_split_matches_unsplit(results: dict, grad_bound: float | None = 5e-2) -> None:
     """Split and unsplit replays computing in bf16 agree within its rounding: log-probs to 2e-3, each LoRA tensor's
-    gradient to 5% of its largest entry, the checkpoint saved split resumes unsplit to 2e-3."""
+    gradient to ``grad_bound`` of its largest entry (None: the caller bounds the gradients against an fp32 run, as
+    the GPU test does), the checkpoint saved split resumes unsplit to 2e-3."""
     for key in ("log_probs", "train_log_probs"):
         assert bool(torch.isfinite(results[f"{key}_1"]).all())
         torch.testing.assert_close(results[f"{key}_2"], results[f"{key}_1"], rtol=0, atol=2e-3)
@@ -78,9 +79,11 @@ def assert_bf16_split_matches_unsplit(results: dict) -> None:
         if grad is None:
             assert split[param] is None, param
             continue
-        # bf16 forward and backward: each tensor's gradient agrees to a few percent of its largest entry
+        if grad_bound is None:
+            continue
+        # bf16 forward and backward on the CPU: each tensor's gradient agrees to a few percent of its largest entry
         scale = grad.abs().max().clamp_min(1e-12)
-        assert (split[param] - grad).abs().max() / scale < 5e-2, param
+        assert (split[param] - grad).abs().max() / scale < grad_bound, param
     torch.testing.assert_close(results["resumed_log_probs_1"], results["stepped_log_probs_2"], rtol=0, atol=2e-3)
 
 
