@@ -71,3 +71,15 @@ def init_local_ray(**kwargs) -> None:
                 attempt + 1,
                 NODE_START_ATTEMPTS,
             )
+
+
+def actor_location(_actor) -> tuple[str, str]:
+    """``(actor id, "node <id> (<ip>)")`` of the calling actor, run in it through ``__ray_call__``.
+
+    It lives in this module, which imports nothing heavy, because Ray pickles the function by reference: every
+    worker it runs in imports its module (the request balancer otherwise imports the trainer's, with verl and torch).
+    """
+    import ray
+
+    context = ray.get_runtime_context()
+    return context.get_actor_id(), f"node {context.get_node_id()} ({ray.util.get_node_ip_address()})"

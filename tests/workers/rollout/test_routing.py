@@ -318,10 +318,20 @@ def test_a_group_never_splits_and_the_default_spreads_less_than_hash(per_sample,
 
 @pytest.mark.slow
 def test_the_balancers_process_imports_neither_torch_nor_verl(fresh_python):
-    """The balancer's Ray actor imports only this module: importing verl (which imports torch) would cost that
-    process seconds and most of a gigabyte, for a dict of counters."""
+    """The balancer's Ray actor imports only this module (and ``ray_start``, whose ``actor_location`` the trainer runs
+    in every worker): importing verl (which imports torch) would cost that process seconds and most of a gigabyte,
+    for a dict of counters. A sealed replica (here a ``Fraction`` standing
+    for an actor handle, whose unpickling would import its class's module) reaches it without its module loaded."""
+    import pickle
+    from fractions import Fraction
+
+    from verl_omni.workers.rollout.routing import SealedServer
+
+    payload = pickle.dumps({"r0": SealedServer.seal(Fraction(1, 3))})
     loaded = fresh_python(
-        "import sys, verl_omni.workers.rollout.routing\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'verl', 'tensordict', 'numpy'}))"
+        "import pickle, sys, verl_omni.workers.rollout.routing, verl_omni.utils.ray_start\n"
+        f"servers = pickle.loads({payload!r})\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'verl', 'tensordict', 'numpy', 'fractions'}))\n"
+        "print(servers['r0'].open())"
     )
-    assert loaded.strip() == "[]", loaded
+    assert loaded.split() == ["[]", "1/3"], loaded

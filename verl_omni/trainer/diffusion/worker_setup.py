@@ -21,15 +21,10 @@ from verl.utils.dataset.rl_dataset import collate_fn
 
 from verl_omni.utils.background import run_beside
 from verl_omni.utils.dataset.prompt_dataset import create_prompt_dataset
+from verl_omni.utils.ray_start import actor_location
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
-
-
-def _where(_actor) -> tuple[str, str]:
-    """``(actor id, "node <id> (<ip>)")`` of the calling actor (run in it through ``__ray_call__``)."""
-    context = ray.get_runtime_context()
-    return context.get_actor_id(), f"node {context.get_node_id()} ({ray.util.get_node_ip_address()})"
 
 
 # which of the placed workers (``worker_placement``'s names) each phase of a step waits on
@@ -166,7 +161,7 @@ class WorkerSetup:
         agent-loop and routing workers): on several nodes it tells which workers a lost node took with it
         (:meth:`lost_worker_message` names them by it)."""
         workers = self._placed_workers()
-        found = ray.get([handle.__ray_call__.remote(_where) for handle in workers.values()])
+        found = ray.get([handle.__ray_call__.remote(actor_location) for handle in workers.values()])
         self.worker_placement = {
             actor_id: f"{name} on {node}" for name, (actor_id, node) in zip(workers, found, strict=True)
         }

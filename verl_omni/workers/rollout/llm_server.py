@@ -24,7 +24,7 @@ from verl.utils.ray_utils import auto_await
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 
 from verl_omni.workers.config.rollout import RolloutServerRoutingConfig
-from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer
+from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer, SealedServer
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
 logger = logging.getLogger(__name__)
@@ -45,8 +45,13 @@ class OmniLLMServerClient(LLMServerClient):
 
     Both calls reserve a replica from the load balancer with ``routing_key`` (falling back to the
     request id) and their image count (1, or ``num_outputs_per_prompt``), call the server with the
-    caller's ``request_id``, and release the replica.
+    caller's ``request_id``, and release the replica. The balancer hands each replica out sealed
+    (:class:`~verl_omni.workers.rollout.routing.SealedServer`); the client opens each once.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._opened: dict[SealedServer, object] = {}
 
     def _vllm_request_id(self, request_id: str) -> str:
         """The id the server sees is the caller's (verl's client replaces it with a fresh uuid)."""
@@ -104,8 +109,11 @@ class OmniLLMServerClient(LLMServerClient):
     async def _call(self, method: str, request_id: str, routing_key: str | None, num_images: int, **call_kwargs):
         """Reserve a replica for ``routing_key`` and ``num_images`` images, run ``method`` on its server, release it."""
         key = None if routing_key is None else str(routing_key)
-        server_id, server = await self._acquire_server(request_id, routing_key=key, num_images=num_images)
+        server_id, sealed = await self._acquire_server(request_id, routing_key=key, num_images=num_images)
         try:
+            server = self._opened.get(sealed)
+            if server is None:
+                server = self._opened[sealed] = sealed.open()
             return await getattr(server, method).remote(request_id=self._vllm_request_id(request_id), **call_kwargs)
         finally:
             self._release_server(server_id, request_id=request_id)
@@ -153,7 +161,7 @@ class OmniLLMServerManager(LLMServerManager):
 
     def _servers(self) -> dict:
         """``{address: server actor}`` of the replicas; addresses must tell them apart."""
-        servers = dict(zip(self.server_addresses, self.server_handles, strict=True))
+        servers = dict(zip(self.server_addresses, map(SealedServer.seal, self.server_handles), strict=True))
         if len(servers) != len(self.server_handles):
             raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
         return servers

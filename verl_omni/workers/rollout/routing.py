@@ -24,13 +24,16 @@ The balancer implements verl's ``RequestLoadBalancer`` protocol (``verl.workers.
 structurally instead of subclassing ``GlobalRequestLoadBalancer``: importing anything of verl imports all
 of it (torch, tensordict, ``verl.protocol``), and the balancer's Ray process needs none of that. This
 module imports no torch and no verl, so that process starts in a fraction of a second and stays small
-(``tests/workers/rollout/test_routing.py`` checks it).
+(``tests/workers/rollout/test_routing.py`` checks it). For the same reason the balancer holds each replica's actor
+handle sealed (:class:`SealedServer`): unpickling a Ray actor handle imports its actor's class, and the replica's
+class imports vLLM-Omni, torch and verl.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 from collections import Counter
 from dataclasses import dataclass
 
@@ -44,6 +47,34 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROUTING_POLICY = "least_images_affinity"
 # sticky (LRU) placements a sticky policy keeps without ``server_routing.max_cache_size``
 DEFAULT_ROUTING_CACHE_SIZE = 10000
+
+
+class SealedServer:
+    """A replica's Ray actor handle, pickled, so that the balancer can hold it and hand it out unopened.
+
+    Ray loads an actor's class wherever one of its handles is unpickled (``make_actor_handle``), and the replica's
+    class imports vLLM-Omni, torch and verl: about 1 GB and 15 s of imports in a process that only counts requests.
+    The agent-loop client, which calls the replica, opens it (:meth:`open`).
+    """
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: bytes):
+        self.payload = payload
+
+    @classmethod
+    def seal(cls, handle) -> SealedServer:
+        return cls(pickle.dumps(handle))
+
+    def open(self):
+        """The actor handle (in a process connected to the replica's Ray cluster)."""
+        return pickle.loads(self.payload)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SealedServer) and other.payload == self.payload
+
+    def __hash__(self) -> int:
+        return hash(self.payload)
 
 
 class RoutingPolicy:
@@ -174,7 +205,8 @@ class OmniRequestLoadBalancer:
     def acquire_server(
         self, request_id: str, routing_key: str | None = None, num_images: int = 1
     ) -> tuple[str, object]:
-        """Reserve a replica for one request of ``num_images`` images; returns ``(server_id, actor_handle)``."""
+        """Reserve a replica for one request of ``num_images`` images; returns ``(server_id, server)``, the replica
+        as :meth:`add_servers` was given it (the manager gives each one sealed: :class:`SealedServer`)."""
         if isinstance(num_images, bool) or not isinstance(num_images, int) or num_images < 1:
             raise ValueError(
                 f"num_images (the request's images, generate_batched's num_outputs_per_prompt) must be "
@@ -236,7 +268,7 @@ class OmniRequestLoadBalancer:
         return list(self._servers)
 
     def add_servers(self, servers: dict) -> None:
-        """Add replicas (``{server_id: actor handle}``) with nothing in flight."""
+        """Add replicas (``{server_id: server}``, each a :class:`SealedServer` in a run) with nothing in flight."""
         self._servers.update(servers)
         self._inflight_requests.update(dict.fromkeys(servers, 0))
         self._images.update(dict.fromkeys(servers, 0))
