@@ -7,12 +7,13 @@ Trainer runs (each a subprocess of the real entry point) on the session's two-no
 
 * ``two``: Qwen-Image with CFG 4 (the negative embeddings travel too), 2 replicas + 2 actor ranks
   over the two nodes, 2 steps, log π_old from the rollout, a checkpoint every step;
-* ``resumed``: ``two``'s directory as a kill in the middle of step 2's save leaves it (step 2's
-  checkpoint a ``global_step_2.partial`` without some of its files, the tracker at 1), resumed on
-  the same cluster: step 2 must come out bit-identical to ``two``'s;
 * ``preempted``: ``two``'s command saving only its last step, SIGTERM sent to its driver once step 2 started
-  generating: the driver checkpoints step 1, exits with ``EXIT_PREEMPTED`` (``trainer/diffusion/preemption.py``),
-  and ``preempt_resumed``, the same command again, must reach ``two``'s metrics.
+  generating: the driver checkpoints step 1 and exits with ``EXIT_PREEMPTED`` (``trainer/diffusion/preemption.py``);
+* ``resumed``: ``preempted``'s directory as a second attempt killed in the middle of step 2's save would leave it
+  (step 2's checkpoint a ``global_step_2.partial`` without some of its files, the tracker at 1), resumed with the
+  same command on the same cluster: it must reach ``two``'s metrics, and step 2's checkpoint must come out
+  complete and bit-identical to ``two``'s. One resume serves both faults: each leaves step 1 as the newest
+  complete checkpoint and step 2 to redo.
 
 The output-directory checks that need no trainer (refusals, the fallback when the tracker names
 a missing checkpoint) run on copies of ``two``'s directory, so they see what the real checkpoint
@@ -99,28 +100,17 @@ def copy_of(run, tmp_path_factory, name: str):
     return out
 
 
-def killed_mid_save(run) -> None:
-    """Make ``run`` what a kill during the last step's save leaves: the save's ``.partial`` directory with only
-    some of its files (the last rank's state and ``data.pt`` not written, no completeness marker), the tracker
-    one step back. A real kill cannot be aimed at that moment without a fake; the directory it leaves is this."""
+def killed_mid_save(run, saved) -> None:
+    """Make ``run`` (its newest complete checkpoint step 1) what a kill during step 2's save leaves: ``saved``'s step 2
+    checkpoint (the same command's) as the save's ``.partial`` directory with only some of its files (the last rank's
+    state and ``data.pt`` not written, no completeness marker), the tracker at step 1. A real kill cannot be aimed
+    at that moment without a fake; the directory it leaves is this."""
+    assert run_dir.read_tracker(run) == STEPS - 1
     partial = run_dir.partial_dir(run, STEPS)
-    run_dir.step_dir(run, STEPS).rename(partial)
+    shutil.copytree(run_dir.step_dir(saved, STEPS), partial)
     last_rank_state = sorted(partial.glob("actor/engine_state_rank*_of*.pt"))[-1]
     for path in (partial / run_dir.COMPLETE_FILE, partial / "data.pt", last_rank_state):
         path.unlink()
-    (run / run_dir.TRACKER_FILE).write_text(str(STEPS - 1))
-
-
-@pytest.fixture(scope="module")
-def resumed(two, ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory):
-    """``two`` killed while saving its last step (see ``killed_mid_save``), resumed with the same command."""
-    out = copy_of(two[0], tmp_path_factory, "resumed")
-    killed_mid_save(out)
-    records, wall = run_trainer(
-        out, tiny_qwen_image_path, prompt_files, ray_cluster, *TWO_RANK_ARGS, "trainer.val_before_train=false"
-    )
-    print(f"resume at step {STEPS - 1}, 1 step: {wall:.0f} s")
-    return out, records
 
 
 def test_two_replicas_two_ranks_train_with_rollout_log_probs(two, tiny_qwen_image_path):
@@ -139,25 +129,6 @@ def test_two_node_run_has_two_ranks_and_places_its_actors_on_both_nodes(two):
     print("placement:", sorted((a.class_name, a.node_id[:8]) for a in actors))
     assert len(ranks) == 2
     assert len({a.node_id for a in actors}) == 2, "the run's actors were placed on both nodes"
-
-
-def test_resume_after_a_kill_mid_save_is_bit_identical_to_the_uninterrupted_run(two, resumed):
-    source, uninterrupted, _ = two
-    run, records = resumed
-    last = STEPS
-    assert [r["step"] for r in records] == list(range(last + 1)), f"earlier steps kept, step {last} appended once"
-    assert by_step(records)[last - 1] == by_step(uninterrupted)[last - 1]
-    expected, got = by_step(uninterrupted)[last], by_step(records)[last]
-    compared = [k for k in expected if k.startswith(("critic/", "actor/", "val/", "reward/"))]
-    assert len(compared) > 10
-    assert {k: got[k] for k in compared} == {k: expected[k] for k in compared}
-    # the partial save was ignored and replaced by a complete last step whose LoRA is the uninterrupted one, bit for bit
-    assert not run_dir.partial_dir(run, last).exists()
-    assert run_dir.checkpoint_problem(run_dir.step_dir(run, last), world_size=2) is None
-    a, b = lora_of(source, last), lora_of(run, last)
-    assert a.keys() == b.keys()
-    different = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
-    assert not different, different
 
 
 def trainer_config(run, **keys):
@@ -228,36 +199,58 @@ def preempted(ray_cluster, tiny_qwen_image_path, prompt_files, tmp_path_factory)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return out, returncode, "".join(lines)
+    left = {
+        "complete_steps": run_dir.complete_steps(out),
+        "tracker": run_dir.read_tracker(out),
+        "partial": list(out.glob(f"*{run_dir.PARTIAL_SUFFIX}")),
+        "lock": (out / run_dir.LOCK_FILE).exists(),
+        "metric_steps": [r["step"] for r in read_metrics(out)],
+    }
+    return out, returncode, "".join(lines), left
 
 
 @pytest.fixture(scope="module")
-def preempt_resumed(preempted, ray_cluster, tiny_qwen_image_path, prompt_files):
+def resumed(preempted, two, ray_cluster, tiny_qwen_image_path, prompt_files):
+    """``preempted``'s directory with a step 2 save cut short (``killed_mid_save``), resumed with the same command."""
     out = preempted[0]
-    records, _ = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *PREEMPT_ARGS)
+    killed_mid_save(out, two[0])
+    records, wall = run_trainer(out, tiny_qwen_image_path, prompt_files, ray_cluster, *PREEMPT_ARGS)
+    print(f"resume at step {STEPS - 1}, 1 step: {wall:.0f} s")
     return out, records
 
 
 def test_sigterm_mid_step_checkpoints_the_last_finished_step_and_exits_cleanly(preempted):
-    out, returncode, output = preempted
+    _, returncode, output, left = preempted
     assert STEP_2_STARTED in output, output[-4000:]
     assert returncode == EXIT_PREEMPTED, output[-6000:]
     assert "SIGTERM received" in output and "step 2 dropped before" in output
     # no C++ stack of Ray's handler, no Python traceback
     assert "Traceback" not in output and "*** SIGTERM" not in output, output[-6000:]
-    assert run_dir.complete_steps(out) == [1] and run_dir.read_tracker(out) == 1
-    assert not list(out.glob(f"*{run_dir.PARTIAL_SUFFIX}")), "no half-written checkpoint"
-    assert not (out / run_dir.LOCK_FILE).exists(), "the run-directory lock is released"
-    assert [r["step"] for r in read_metrics(out)] == [0, 1]
+    assert left["complete_steps"] == [1] and left["tracker"] == 1
+    assert not left["partial"], "no half-written checkpoint"
+    assert not left["lock"], "the run-directory lock is released"
+    assert left["metric_steps"] == [0, 1]
 
 
-def test_the_same_command_resumes_to_the_uninterrupted_runs_metrics(two, preempt_resumed):
+def test_the_same_command_resumes_to_the_uninterrupted_runs_metrics(two, resumed):
     _, expected_records, _ = two
-    out, records = preempt_resumed
-    assert [r["step"] for r in records] == list(range(STEPS + 1))
+    _, records = resumed
+    assert [r["step"] for r in records] == list(range(STEPS + 1)), "earlier steps kept, the last appended once"
     expected, got = by_step(expected_records), by_step(records)
     for step in range(1, STEPS + 1):
-        compared = [k for k in expected[step] if k.startswith(("critic/", "actor/", "reward/"))]
+        compared = [k for k in expected[step] if k.startswith(("critic/", "actor/", "val/", "reward/"))]
         assert len(compared) > 5
         assert {k: got[step][k] for k in compared} == {k: expected[step][k] for k in compared}, f"step {step}"
-    assert run_dir.complete_steps(out)[-1] == STEPS
+
+
+def test_resume_after_a_kill_mid_save_is_bit_identical_to_the_uninterrupted_run(two, resumed):
+    source = two[0]
+    run, _ = resumed
+    # the partial save was ignored and replaced by a complete last step whose LoRA is the uninterrupted one, bit for bit
+    assert not run_dir.partial_dir(run, STEPS).exists()
+    assert run_dir.complete_steps(run)[-1] == STEPS
+    assert run_dir.checkpoint_problem(run_dir.step_dir(run, STEPS), world_size=2) is None
+    a, b = lora_of(source, STEPS), lora_of(run, STEPS)
+    assert a.keys() == b.keys()
+    different = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
+    assert not different, different
