@@ -174,14 +174,15 @@ def test_default_routing_keeps_every_group_on_one_replica_and_releases_its_image
     assert set(status["inflight_images"].values()) == {0} and status["inflight_keys"] == 0, status
 
 
-def test_the_balancer_serves_the_replicas_without_loading_their_class(servers, batched_run):
+def test_the_balancer_serves_the_replicas_without_loading_their_class(servers, batched_run, ray_cluster):
     """Unpickling a replica's actor handle would import vLLM-Omni and torch into the balancer's process (~1 GB, 15 s):
     the balancer holds them sealed, so after a whole rollout through it no torch library is mapped there (the
     replica's process, for contrast, has it)."""
     from ray.util.state import get_actor
 
     def memory_map(handle) -> str:
-        return Path(f"/proc/{get_actor(handle._actor_id.hex()).pid}/maps").read_text()
+        # the state API of this session's cluster (each pytest worker runs one)
+        return Path(f"/proc/{get_actor(handle._actor_id.hex(), address=ray_cluster[2]).pid}/maps").read_text()
 
     assert "libtorch" in memory_map(servers.server_handles[0])
     assert "libtorch" not in memory_map(servers.global_load_balancer), "the balancer's process loaded torch"

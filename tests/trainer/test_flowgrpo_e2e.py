@@ -100,14 +100,19 @@ def copy_of(run, tmp_path_factory, name: str):
     return out
 
 
-def killed_mid_save(run, saved) -> None:
-    """Make ``run`` (its newest complete checkpoint step 1) what a kill during step 2's save leaves: ``saved``'s step 2
-    checkpoint (the same command's) as the save's ``.partial`` directory with only some of its files (the last rank's
-    state and ``data.pt`` not written, no completeness marker), the tracker at step 1. A real kill cannot be aimed
-    at that moment without a fake; the directory it leaves is this."""
-    assert run_dir.read_tracker(run) == STEPS - 1
+def killed_mid_save(run, saved=None) -> None:
+    """Make ``run`` what a kill during step 2's save leaves: a step 2 checkpoint as the save's ``.partial`` directory
+    with only some of its files (the last rank's state and ``data.pt`` not written, no completeness marker), the
+    tracker at step 1. The checkpoint is ``run``'s own (renamed, the tracker set back) or, for a run that stopped
+    at step 1, ``saved``'s step 2 (the same command's). A real kill cannot be aimed at that moment without a fake;
+    the directory it leaves is this."""
     partial = run_dir.partial_dir(run, STEPS)
-    shutil.copytree(run_dir.step_dir(saved, STEPS), partial)
+    if saved is None:
+        run_dir.step_dir(run, STEPS).rename(partial)
+        (run / run_dir.TRACKER_FILE).write_text(str(STEPS - 1))
+    else:
+        assert run_dir.read_tracker(run) == STEPS - 1
+        shutil.copytree(run_dir.step_dir(saved, STEPS), partial)
     last_rank_state = sorted(partial.glob("actor/engine_state_rank*_of*.pt"))[-1]
     for path in (partial / run_dir.COMPLETE_FILE, partial / "data.pt", last_rank_state):
         path.unlink()
