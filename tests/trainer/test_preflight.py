@@ -530,9 +530,10 @@ def test_a_sampler_setting_the_model_cannot_run_is_refused_and_another_model_tak
     validate_config(compose(*overrides, model=tiny_model("qwen_image")))
 
 
-# in a fresh interpreter (about a minute each on a busy machine: verl's import); the other sampler case runs in-process
+# in a fresh interpreter (about a minute each on a busy machine: verl's import), one refusal of each kind: the entry
+# point's exit and imports are the same for every pairing, whose messages the in-process tests above check
 ENTRY_POINT_REFUSALS = [
-    (model, [f"algorithm={algorithm}"], f"algorithm={algorithm}: ") for model, algorithm in REFUSED_PAIRINGS
+    (model, [f"algorithm={algorithm}"], f"algorithm={algorithm}: ") for model, algorithm in list(REFUSED_PAIRINGS)[:1]
 ] + [(model, overrides, f"actor_rollout_ref.rollout.{match}") for model, overrides, match in REFUSED_SAMPLERS[:1]]
 
 
