@@ -160,7 +160,8 @@ class OmniLLMServerManager(LLMServerManager):
         logger.info("%d rollout replicas behind policy %s", len(self.server_handles), self.routing.policy)
 
     def _servers(self) -> dict:
-        """``{address: server actor}`` of the replicas; addresses must tell them apart."""
+        """``{address: sealed server actor}`` of the replicas, as the balancer holds them; addresses must tell them
+        apart."""
         servers = dict(zip(self.server_addresses, map(SealedServer.seal, self.server_handles), strict=True))
         if len(servers) != len(self.server_handles):
             raise RuntimeError(f"rollout replicas report duplicate server addresses: {self.server_addresses}")
