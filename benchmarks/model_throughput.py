@@ -26,6 +26,10 @@ one JSON object, also written to ``$OUT/<model>_throughput.json`` when ``OUT`` i
     python benchmarks/model_throughput.py --model wan2_2 --full-size   # Wan2.2 TI2V-5B, 832x480x33
     python benchmarks/model_throughput.py --model wan2_2               # CPU smoke run (tiny model)
     python benchmarks/model_throughput.py --model wan2_2_a14b --full-size --parts replay  # A14B, 832x480x33
+    python benchmarks/model_throughput.py --model wan2_2 --full-size --parts rollout --frames 81 --ulysses 1 2
+
+``--ulysses 1 2`` times the rollout part at each sequence-parallel degree (both engines split alike over that many
+GPUs): ours / stock per degree, and each degree's speed-up per GPU over the first.
 """
 
 from __future__ import annotations
@@ -76,6 +80,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "(default: vLLM-Omni's fixed 1024² at full size, 96x64 in the smoke mode)",
     )
     p.add_argument("--repeats", type=int, default=3, help="timed requests per engine")
+    p.add_argument(
+        "--ulysses",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="rollout: the sequence-parallel degrees to time, both engines split alike (vLLM-Omni's ulysses_degree: "
+        "that many GPUs per engine, or worker processes on the CPU), e.g. 1 2",
+    )
     p.add_argument("--micro-batches", type=int, nargs="+", help="replay micro-batches (default the model's)")
     p.add_argument("--warmup", type=int, default=2, help="replay warm-up iterations")
     p.add_argument("--iters", type=int, default=5, help="replay timed iterations")
@@ -114,6 +126,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--model {args.model} has no replay part here (rollout only)")
     if "rollout" in args.parts and not model.rollout:
         p.error(f"--model {args.model} has no rollout part here (--parts replay)")
+    if any(degree < 1 for degree in args.ulysses):
+        p.error(f"--ulysses: degrees are >= 1, got {args.ulysses}")
+    if args.device == "cuda" and max(args.ulysses) > torch.cuda.device_count():
+        p.error(f"--ulysses {max(args.ulysses)} needs as many GPUs, {torch.cuda.device_count()} visible")
     args.dtype = "bfloat16" if args.full_size else "float32"
     if args.out is None and os.environ.get("OUT"):
         args.out = str(Path(os.environ["OUT"]) / f"{args.model}_throughput.json")
@@ -125,7 +141,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-async def time_ours(args, model_path: Path, pipeline: str | None) -> float:
+def split_kwargs(degree: int) -> dict:
+    """An engine's sequence split over ``degree`` ranks (none at 1: the engine's own default)."""
+    return {"ulysses_degree": degree} if degree > 1 else {}
+
+
+async def time_ours(args, model_path: Path, pipeline: str | None, degree: int = 1) -> float:
     """Seconds per ``generate_batched(N)`` request of our log-prob pipeline (the model's negative prompt, if any)."""
     from transformers import AutoTokenizer
 
@@ -145,6 +166,7 @@ async def time_ours(args, model_path: Path, pipeline: str | None) -> float:
         custom_pipeline=pipeline,
         warmup_size=warmup,
         **engine_kwargs(args),
+        **split_kwargs(degree),
         **profiler_kwargs(args, "ours"),
     )
     engine.start()
@@ -185,7 +207,7 @@ async def profile_ours(args, engine, one) -> dict:
     return {"request_s": wall, "client_unpack_s": sum(unpack_s)}
 
 
-async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
+async def time_stock(args, model_path: Path, pipeline: str | None, degree: int = 1) -> float:
     """Seconds per request of vLLM-Omni's pipeline with ``num_outputs_per_prompt=N`` (the same prompt, CFG and
     source image as ours)."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
@@ -209,6 +231,7 @@ async def time_stock(args, model_path: Path, pipeline: str | None) -> float:
         request_batch_max_wait_ms=DEFAULT_BATCH_WAIT_MS,
         **extra,
         **engine_kwargs(args),
+        **split_kwargs(degree),
         **profiler_kwargs(args, "stock"),
     )
     prompt = model.stock_prompt()
@@ -248,23 +271,35 @@ def condition_area(args):
 
 
 def rollout_part(args, model_path: Path) -> dict:
+    """Ours against stock at each ``--ulysses`` degree; with several degrees, each one's rows also say its speed-up
+    per GPU over the first degree's (the same engine on fewer GPUs)."""
     ours_pipeline = stock_pipeline = None
     if args.full_size:
         ours_pipeline, stock_pipeline = MODELS[args.model].pipelines()
+    rows = []
     with condition_area(args):
-        ours = asyncio.run(time_ours(args, model_path, ours_pipeline))
-        stock = asyncio.run(time_stock(args, model_path, stock_pipeline))
-    result = {"ours_per_s": args.n / ours, "stock_per_s": args.n / stock, "ratio_ours_to_stock": stock / ours}
-    result |= {"ours_request_s": ours, "stock_request_s": stock}
+        for degree in args.ulysses:
+            ours = asyncio.run(time_ours(args, model_path, ours_pipeline, degree))
+            stock = asyncio.run(time_stock(args, model_path, stock_pipeline, degree))
+            row = {"ulysses_degree": degree, "ours_per_s": args.n / ours, "stock_per_s": args.n / stock}
+            row |= {"ratio_ours_to_stock": stock / ours, "ours_request_s": ours, "stock_request_s": stock}
+            if rows:
+                base = rows[0]
+                per_gpu = row["ours_per_s"] / degree / (base["ours_per_s"] / base["ulysses_degree"])
+                row["ours_speedup"], row["ours_per_gpu_vs_first"] = row["ours_per_s"] / base["ours_per_s"], per_gpu
+            rows.append(row)
+            logger.info(
+                "rollout, %d samples of one prompt, ulysses %d: ours %.4g/s, stock %.4g/s, ours/stock %.4f",
+                args.n,
+                degree,
+                row["ours_per_s"],
+                row["stock_per_s"],
+                row["ratio_ours_to_stock"],
+            )
+    # one degree: its row is the result, as before the split was timed
+    result = rows[0] if len(rows) == 1 else {"rows": rows}
     if args.profile:
         result["profiled_request"] = args.profiled
-    logger.info(
-        "rollout, %d samples of one prompt: ours %.4g/s, stock %.4g/s, ours/stock %.4f",
-        args.n,
-        result["ours_per_s"],
-        result["stock_per_s"],
-        result["ratio_ours_to_stock"],
-    )
     return result
 
 
