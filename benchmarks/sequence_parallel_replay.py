@@ -22,7 +22,9 @@ per expert at a step that expert sampled. Reported per row: seconds per sample, 
 peak GPU memory (``torch.cuda.max_memory_allocated``) and, with ``--flop-count``, TFLOP/s per GPU as a fraction
 of the measured bf16 matmul ceiling (one more step under ``torch.utils.flop_counter``; off by default, as the
 counter may take SDPA's math path, which at 81 frames holds an L x L attention matrix). A row that runs out of
-memory is recorded as such (every rank runs the same shapes, so all of them run out together).
+memory is recorded as such (every rank runs the same shapes, so all of them run out together; a rank left waiting
+on a collective fails after ``COLLECTIVE_TIMEOUT`` instead of hanging). On an H200, set
+``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` to keep fragmentation out of the peaks near the limit.
 
 ``--smoke``: the tiny random model in fp32 (gloo on CPU when there is no GPU): the run ``tests/benchmarks`` does.
 Rank 0's last stdout line is one JSON object, also written to ``$OUT/<model>_sp<sp>_replay.json`` when ``OUT`` is
