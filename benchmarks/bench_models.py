@@ -217,10 +217,18 @@ def full_size_transformer(model: BenchModel, device: torch.device, dtype: torch.
     return module
 
 
-def build_replay_model(model: BenchModel, args, model_path: Path, device: torch.device, dtype: torch.dtype):
+def build_replay_model(
+    model: BenchModel,
+    args,
+    model_path: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    split: Callable[[torch.nn.Module], None] | None = None,
+):
     """The trained module (the A14B: both experts in ``WanExperts``, as training builds it) with the recipe's LoRA on
     the adapter's targets and gradient checkpointing (the engine's default); at full size the released
-    architecture, random weights."""
+    architecture, random weights. ``split``: called on the bare module before checkpointing and LoRA, where the
+    engine splits its sequence over a sequence-parallel group."""
     from peft import LoraConfig
 
     adapter = model.load_adapter()
@@ -233,6 +241,8 @@ def build_replay_model(model: BenchModel, args, model_path: Path, device: torch.
             module = full_size_transformer(model, device, dtype)
     else:
         module = adapter.build_module(model_path, dtype=dtype).to(device)
+    if split is not None:
+        split(module)
     if not args.no_gradient_checkpointing:
         module.enable_gradient_checkpointing()
     module.requires_grad_(False)
