@@ -1,5 +1,6 @@
-"""The sequence-parallel replay benchmark's smoke mode on two gloo ranks: one sample split (sp 2) and data parallel
-(sp 1), a row per A14B expert with its throughput per GPU and TFLOP/s, the JSON under $OUT."""
+"""The sequence-parallel replay benchmark's smoke mode on two gloo ranks: one sample split (sp 2), a row per A14B
+expert with its throughput per GPU and TFLOP/s, the JSON under $OUT. The data-parallel comparison (``--sp 1``)
+shares every step but the mesh's shape; it is left to the GPU runs to keep the suite's two-rank launches few."""
 
 import json
 import sys
@@ -15,15 +16,15 @@ from two_rank_launch import run_two_ranks  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("sp", [1, 2])
-def test_two_ranks_report_each_experts_replay_per_gpu(sp, tmp_path):
+def test_two_ranks_report_each_experts_replay_per_gpu(tmp_path):
+    sp = 2
     run_two_ranks(
         SCRIPT, "--smoke", "--model", "wan2_2_a14b", "--sp", sp, "--flop-count", timeout=600, OUT=str(tmp_path)
     )
 
     result = json.loads((tmp_path / f"wan2_2_a14b_sp{sp}_replay.json").read_text())
     assert (result["ranks"], result["sp"], result["micro_batch"]) == (2, sp, 1)
-    assert result["mode"] == ("data parallel" if sp == 1 else "sequence parallel over 2 ranks")
+    assert result["mode"] == "sequence parallel over 2 ranks"
     rows = result["rows"]
     assert [row["expert"] for row in rows] == ["transformer", "transformer_2"]
     for row in rows:
