@@ -102,6 +102,11 @@ BAD_CONFIGS = [
         ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"],
         r"ulysses_sequence_parallel_size=2 must divide .* the 1 GPUs per node .* allowed degrees: \[1\]",
     ),
+    (["actor_rollout_ref.rollout.ulysses_sequence_parallel_size=0"], "rollout.ulysses_sequence_parallel_size must be"),
+    (
+        ["+actor_rollout_ref.rollout.engine_kwargs.vllm_omni.ulysses_degree=2"],
+        "set actor_rollout_ref.rollout.ulysses_sequence_parallel_size instead",
+    ),
     (
         ["actor_rollout_ref.rollout.weight_transport=ipc", "trainer.colocate_rollout=false"],
         "rollout.weight_transport=ipc needs the rollout colocated on CUDA",
@@ -140,6 +145,40 @@ def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(co
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.use_rollout_log_probs"):
         run_flowgrpo(compose("actor_rollout_ref.actor.use_rollout_log_probs=true", model=tiny_bagel_path))
     assert not ray.is_initialized()
+
+
+ROLLOUT_SPLIT = "actor_rollout_ref.rollout.ulysses_sequence_parallel_size"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([f"{ROLLOUT_SPLIT}=2"], r"=2 must divide .* the 1 rollout devices per node .*; allowed degrees: \[1\]"),
+        (
+            [f"{ROLLOUT_SPLIT}=2", "trainer.colocate_rollout=true"],
+            r"=2 must divide .* the 1 devices per node of the colocated rollout .*; allowed degrees: \[1\]",
+        ),
+        (
+            [f"{ROLLOUT_SPLIT}=4", "actor_rollout_ref.rollout.n_gpus_per_node=4"],
+            r"=4 must divide the 2 attention heads of Wan22\w+ .*; allowed degrees: \[1, 2\]",
+        ),
+    ],
+    ids=["rollout_devices", "colocated_devices", "heads"],
+)
+def test_the_rollout_split_is_refused_where_the_devices_or_heads_do_not_divide(compose, tiny_model, overrides, message):
+    from verl_omni.trainer.config.validation import validate_config
+
+    with pytest.raises(ValueError, match=re.escape(ROLLOUT_SPLIT) + message):
+        validate_config(compose(*overrides, model=tiny_model("wan2_2")))
+
+
+def test_the_rollout_splits_a_model_whose_rollout_can_and_refuses_another(compose, tiny_model):
+    from verl_omni.trainer.config.validation import validate_config
+
+    split = (f"{ROLLOUT_SPLIT}=2", "actor_rollout_ref.rollout.n_gpus_per_node=2")
+    assert validate_config(compose(*split, model=tiny_model("wan2_2"))).rollout.ulysses_sequence_parallel_size == 2
+    with pytest.raises(ValueError, match=re.escape(ROLLOUT_SPLIT) + r"=2: QwenImage\w+ \(.*\) cannot split .*\[1\]"):
+        validate_config(compose(*split))
 
 
 def test_full_fine_tuning_and_the_merged_lora_are_switches_and_bagel_refuses_both(compose, tiny_bagel_path):

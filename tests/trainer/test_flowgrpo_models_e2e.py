@@ -6,7 +6,8 @@ command with only ``actor_rollout_ref.model.path`` changed (every other default 
 video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
 source images at 32², ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
-the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout), 2 steps, the
+the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout; the A14B's replica is
+split over 2 workers of its own pool instead, ``MODEL_ARGS``), 2 steps, the
 actor recomputes log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``; the
 saved LoRA loads in the model's diffusers pipeline and changes its image (a video model's: its video, and its
 validation writes mp4s a player decodes). The A14B's window (every step, the default) has steps of both experts,
@@ -39,7 +40,14 @@ MODEL_ARGS = {
     # within the bound of the actor's, its validation images moved by the training
     "sd3": ("actor_rollout_ref.model.lora.merge=true",),
     "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
-    "wan2_2_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
+    # the A14B's rollout is one replica split over 2 engine workers (rollout sequence parallelism), in a pool of its
+    # own (a colocated split needs as many actor ranks): its samples still replay within the bound on the actor
+    "wan2_2_a14b": (
+        "actor_rollout_ref.rollout.num_frames=5",
+        "trainer.colocate_rollout=false",
+        "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "actor_rollout_ref.rollout.ulysses_sequence_parallel_size=2",
+    ),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
 # the models whose prompts carry source images (an editing set)

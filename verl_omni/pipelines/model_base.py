@@ -129,6 +129,10 @@ class ModelAdapter:
         supports_sequence_parallel (`bool`): the replay may split each sample's tokens over the ranks of a
             sequence-parallel group (``actor.ulysses_sequence_parallel_size`` > 1, :meth:`enable_sequence_parallel`);
             False: the trainer refuses such a degree before Ray starts.
+        rollout_supports_sequence_parallel (`bool`): the rollout engine may split each sample's tokens over the
+            workers of a replica (``rollout.ulysses_sequence_parallel_size`` > 1, vLLM-Omni's ``ulysses_degree``):
+            the model's vLLM-Omni transformer declares a sequence-parallel plan (``_sp_plan``) and our rollout
+            pipeline keeps it; False: the trainer refuses such a degree before Ray starts.
         preference_encoder (`str` or None): dotted path of the class that turns offline preference pairs (prompt,
             image) into what the ``ode_samples`` replay reads (``data.preference_files``, offline Diffusion-DPO):
             ``cls(model_path, device, dtype)`` with ``encode(prompts, images, height, width)`` returning
@@ -161,6 +165,7 @@ class ModelAdapter:
     default_guidance_scale: ClassVar[float | None] = None
     max_source_images: ClassVar[int] = 0
     supports_sequence_parallel: ClassVar[bool] = False
+    rollout_supports_sequence_parallel: ClassVar[bool] = False
     preference_encoder: ClassVar[str | None] = None
 
     @classmethod

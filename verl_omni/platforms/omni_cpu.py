@@ -1,6 +1,7 @@
 """vLLM-Omni platform for CPU: the diffusion engine on the host, fp32, torch SDPA, gloo."""
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -41,6 +42,13 @@ class VerlOmniCpuOmniPlatform(CpuMemoryMixin, OmniPlatform):
     @classmethod
     def get_torch_device(cls, local_rank: int | None = None) -> torch.device:
         return torch.device("cpu")
+
+    @classmethod
+    def get_device_count(cls) -> int:
+        """A CPU "device" of a diffusion stage is one engine worker process on the host: vLLM-Omni starts one per
+        device of its parallel layout and refuses a layout (e.g. ``ulysses_degree=2``) larger than this count, so
+        a stage may have a worker per core. vLLM's own CPU platform keeps one (the mixin's)."""
+        return os.cpu_count() or 1
 
     @classmethod
     def get_device_version(cls) -> str | None:

@@ -116,6 +116,17 @@ def test_a_forced_weight_transport_the_placement_cannot_serve_is_refused(request
         weight_transport_for(requested, colocated, device)
 
 
+@pytest.mark.parametrize(("requested", "device"), [("collective", "cpu"), ("collective", None), ("auto", "cuda")])
+def test_a_broadcast_to_a_split_replica_is_refused_and_the_host_serves_it(requested, device):
+    from verl_omni.workers.config.rollout import weight_transport_for
+
+    refusal = r"weight_transport=\w+ broadcasts .*rollout.ulysses_sequence_parallel_size=2: set .*transport=host"
+    with pytest.raises(ValueError, match=refusal):
+        weight_transport_for(requested, False, device, sequence_parallel=2)
+    assert weight_transport_for("host", False, device, sequence_parallel=2) == "host"
+    assert weight_transport_for("auto", True, "cuda", sequence_parallel=2) == "ipc"
+
+
 def test_the_sampling_keys_are_declared_once_and_the_flat_overrides_reach_the_spec(tiny_qwen_image_path):
     from dataclasses import FrozenInstanceError, fields
 

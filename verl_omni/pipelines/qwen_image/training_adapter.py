@@ -65,6 +65,9 @@ class QwenImageTrainingAdapter(ModelAdapter):
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
     # the replay may split each sample's text and image tokens over a sequence-parallel group
     supports_sequence_parallel = True
+    # vLLM-Omni's Qwen-Image transformer declares a split (_sp_plan), but a split replica samples other latents than
+    # an unsplit one (beyond 1e-5, with or without CFG), which the actor's replay would not reproduce: refused
+    rollout_supports_sequence_parallel = False
     # offline preference pairs (data.preference_files) encoded by the checkpoint's VAE and text encoder
     preference_encoder = "verl_omni.pipelines.qwen_image.preference_encoder.QwenImagePreferenceEncoder"
 

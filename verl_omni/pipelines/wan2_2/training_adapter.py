@@ -74,6 +74,8 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
     lora_target_modules = ("to_q", "to_k", "to_v", "to_out.0")
     # the replay may split each sample's video tokens over a sequence-parallel group (the text stays whole)
     supports_sequence_parallel = True
+    # vLLM-Omni's Wan2.2 transformer splits its video tokens over the replica's workers (its _sp_plan)
+    rollout_supports_sequence_parallel = True
 
     @classmethod
     def for_checkpoint(cls, model_path: str | Path) -> type[Wan22TrainingAdapter]:

@@ -185,6 +185,34 @@ def _check_sequence_parallel(configs: RunConfigs) -> None:
     )
 
 
+def _check_rollout_sequence_parallel(configs: RunConfigs) -> None:
+    """The rollout's Ulysses degree against the model (can its rollout transformer split, its heads) and the devices
+    of a node that the replicas share: the actor's when colocated, the rollout's own otherwise."""
+    from verl_omni.workers.config.rollout import SEQUENCE_PARALLEL_KEY
+    from verl_omni.workers.engine.fsdp.sequence_group import check_sequence_parallel
+
+    trainer, rollout = configs.trainer, configs.rollout
+    if trainer.colocate_rollout:
+        per_node, devices = (
+            trainer.n_gpus_per_node,
+            "devices per node of the colocated rollout (trainer.n_gpus_per_node)",
+        )
+    else:
+        per_node, devices = (
+            rollout.n_gpus_per_node,
+            "rollout devices per node (actor_rollout_ref.rollout.n_gpus_per_node)",
+        )
+    check_sequence_parallel(
+        configs.model.adapter,
+        configs.model.path,
+        rollout.ulysses_sequence_parallel_size,
+        per_node,
+        key=SEQUENCE_PARALLEL_KEY,
+        splits=configs.model.adapter.rollout_supports_sequence_parallel,
+        devices=devices,
+    )
+
+
 def _check_mode(configs: RunConfigs) -> None:
     """``separate_async``: the ratio's denominator is the sampling policy's log-prob, which the rollout records."""
     if configs.trainer.trainer_mode != "separate_async":
@@ -284,9 +312,13 @@ def validate_config(config: DictConfig) -> RunConfigs:
     _check_merge_lora(configs)
     _check_model(configs)
     _check_sequence_parallel(configs)
+    _check_rollout_sequence_parallel(configs)
     _check_mode(configs)
     # a forced weight transport fits the placement (a null device is checked again once resolved)
-    weight_transport_for(configs.rollout.weight_transport, configs.trainer.colocate_rollout, configs.trainer.device)
+    rollout, trainer = configs.rollout, configs.trainer
+    weight_transport_for(
+        rollout.weight_transport, trainer.colocate_rollout, trainer.device, rollout.ulysses_sequence_parallel_size
+    )
     return configs
 
 

@@ -67,12 +67,13 @@ class WorkerSetup:
     def _check_cpu_layout(self):
         """On CPU each actor rank and each replica's server reserves one logical CPU, and each reward worker with
         resources of its own ``num_cpus_per_worker``: a cluster with fewer leaves a placement group waiting."""
+        from verl_omni.workers.config.rollout import replica_world_size
         from verl_omni.workers.rollout.vllm_omni.server import CPU_SERVER_NUM_CPUS
 
         trainer, rollout, reward = self.configs.trainer, self.config.actor_rollout_ref.rollout, self.configs.reward
         ranks = trainer.nnodes * trainer.n_gpus_per_node
         devices = ranks if self.colocate else rollout.nnodes * rollout.n_gpus_per_node
-        replicas = devices // rollout.tensor_model_parallel_size
+        replicas = devices // replica_world_size(rollout)
         reward_cpus = reward.num_workers * reward.num_cpus_per_worker if reward.resource_pool == "own" else 0.0
         needed = ranks + replicas * CPU_SERVER_NUM_CPUS + reward_cpus
         available = ray.cluster_resources().get("CPU", 0.0)
@@ -80,7 +81,8 @@ class WorkerSetup:
             raise ValueError(
                 f"on CPU the run reserves {needed:g} logical CPUs: {ranks} actor ranks (trainer.nnodes x "
                 f"trainer.n_gpus_per_node), {replicas} rollout replicas (actor_rollout_ref.rollout.nnodes x "
-                f"n_gpus_per_node, or one per rank with trainer.colocate_rollout=true) and {reward_cpus:g} for the "
+                f"n_gpus_per_node, or the ranks with trainer.colocate_rollout=true, over the rollout's "
+                f"tensor_model_parallel_size x ulysses_sequence_parallel_size) and {reward_cpus:g} for the "
                 f"reward workers (reward.diffusion.num_workers x num_cpus_per_worker); the Ray cluster has "
                 f"{available:g}: start its nodes with more (ray start --num-cpus=N; a local run: "
                 "ray_kwargs.ray_init.num_cpus=N) or ask for fewer ranks and replicas"

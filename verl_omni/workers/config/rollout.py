@@ -30,6 +30,7 @@ ENGINE_START_TIMEOUT_KEY = f"{KEY}.engine_start_timeout_s"
 DEFAULT_GENERATION_TIMEOUT_S = 1800.0
 GENERATION_TIMEOUT_KEY = f"{KEY}.generation_timeout_s"
 WEIGHT_TRANSPORT_KEY = f"{KEY}.weight_transport"
+SEQUENCE_PARALLEL_KEY = f"{KEY}.ulysses_sequence_parallel_size"
 # how the trained weights reach the rollout (workers/rollout/weight_sync.py): through the host (Ray's object store
 # and the engine's RPC), CUDA IPC handles (colocated on CUDA), a broadcast through a process group (separate pools:
 # NCCL on CUDA, gloo on CPU); "auto" picks by placement
@@ -103,6 +104,9 @@ class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
             separate pools on CUDA, ``"host"`` on the CPU); ``"host"``, ``"ipc"`` (needs the rollout colocated on
             CUDA) or ``"collective"`` (needs separate pools; NCCL on CUDA, gloo on the CPU) force one. Default
             ``"auto"``. docs/guide/training.md, "Weight sync to the rollout".
+        ulysses_sequence_parallel_size (int): devices that split each sample's tokens inside one replica (vLLM-Omni's
+            Ulysses ``ulysses_degree``); a replica then spans ``tensor_model_parallel_size`` x this many devices
+            (:func:`replica_world_size`). Default 1. docs/guide/scale.md, "Sequence parallelism in the rollout".
         checkpoint_engine (CheckpointEngineConfig): (verl's node) only ``update_weights_bucket_megabytes`` is read:
             the bucket bound of full fine-tuning's weight sync (``workers/rollout/weight_buckets.py``). Default 2048.
     """
@@ -118,6 +122,7 @@ class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
     engine_start_timeout_s: float = DEFAULT_ENGINE_START_TIMEOUT_S
     generation_timeout_s: float = DEFAULT_GENERATION_TIMEOUT_S
     weight_transport: str = "auto"
+    ulysses_sequence_parallel_size: int = 1
 
     def __post_init__(self):
         super().__post_init__()
@@ -155,11 +160,23 @@ class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
             raise ValueError(
                 f"{WEIGHT_TRANSPORT_KEY} must be one of {WEIGHT_TRANSPORTS}, got {self.weight_transport!r}"
             )
+        self._check_sequence_parallel()
         bucket_mb = self.checkpoint_engine.update_weights_bucket_megabytes
         if not isinstance(bucket_mb, int) or bucket_mb < 1:
             raise ValueError(
                 f"{KEY}.checkpoint_engine.update_weights_bucket_megabytes must be an integer >= 1 (MB per bucket of "
                 f"the full-weight sync), got {bucket_mb!r}"
+            )
+
+    def _check_sequence_parallel(self) -> None:
+        """The degree is an integer >= 1, set here only: the engine's own ``ulysses_degree`` is this key's."""
+        degree = self.ulysses_sequence_parallel_size
+        if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+            raise ValueError(f"{SEQUENCE_PARALLEL_KEY} must be an integer >= 1, got {degree!r}")
+        if "ulysses_degree" in ((self.engine_kwargs or {}).get("vllm_omni") or {}):
+            raise ValueError(
+                f"{KEY}.engine_kwargs.vllm_omni.ulysses_degree is set by the trainer, which also sizes the replicas "
+                f"by it: set {SEQUENCE_PARALLEL_KEY} instead"
             )
 
     def sampling_spec(self, validate: bool = False, adapter=None, model: str = "") -> SamplingSpec:
@@ -179,11 +196,25 @@ class DiffusionRolloutConfig(RolloutConfig, SamplingSettings):
             raise ValueError(f"{KEY}.{message}") from None
 
 
-def weight_transport_for(requested: str, colocated: bool, device: str | None) -> str:
+def sequence_parallel_size(config) -> int:
+    """``ulysses_sequence_parallel_size`` of the rollout node ``config`` (a dataclass or a (Hydra) dict config; 1
+    where it has none, e.g. a plain verl ``RolloutConfig``)."""
+    return int(config.get("ulysses_sequence_parallel_size", 1) or 1)
+
+
+def replica_world_size(config) -> int:
+    """Devices one rollout replica of the node ``config`` spans: verl's tp x dp x pp, times the sequence-parallel
+    degree (each of those devices runs one engine worker)."""
+    verl_size = config.tensor_model_parallel_size * config.data_parallel_size * config.pipeline_model_parallel_size
+    return verl_size * sequence_parallel_size(config)
+
+
+def weight_transport_for(requested: str, colocated: bool, device: str | None, sequence_parallel: int = 1) -> str:
     """The transport ``rollout.weight_transport`` (``requested``) means for a placement: ``auto`` is CUDA IPC
     colocated on CUDA, a broadcast (NCCL) to separate pools on CUDA, the host on the CPU, where a sync is a small
     part of a step. A forced one that the placement cannot serve is refused; ``device`` None (not resolved yet,
-    the config's validation before Ray starts) checks what it can."""
+    the config's validation before Ray starts) checks what it can. ``sequence_parallel``: the rollout's
+    ``ulysses_sequence_parallel_size``; a broadcast cannot reach a split replica's workers (below)."""
     if requested == IPC and (not colocated or device == "cpu"):
         raise ValueError(
             f"{WEIGHT_TRANSPORT_KEY}=ipc needs the rollout colocated on CUDA (trainer.colocate_rollout=true on "
@@ -195,7 +226,17 @@ def weight_transport_for(requested: str, colocated: bool, device: str | None) ->
             "(trainer.colocate_rollout=false); colocated runs use auto (CUDA IPC on CUDA) or host"
         )
     if requested != "auto":
-        return requested
-    if device != "cuda":
-        return HOST
-    return IPC if colocated else COLLECTIVE
+        transport = requested
+    elif device != "cuda":
+        transport = HOST
+    else:
+        transport = IPC if colocated else COLLECTIVE
+    if transport == COLLECTIVE and sequence_parallel > 1:
+        # the weight group numbers each replica's workers by the replies of an engine RPC, and vLLM-Omni's diffusion
+        # executor returns only rank 0's reply: a split replica's other workers would join past the group's size
+        raise ValueError(
+            f"{WEIGHT_TRANSPORT_KEY}={requested} broadcasts to the rollout through a weight group, which cannot "
+            f"count the workers of a replica split by {SEQUENCE_PARALLEL_KEY}={sequence_parallel}: set "
+            f"{WEIGHT_TRANSPORT_KEY}=host, or colocate the rollout (trainer.colocate_rollout=true, CUDA IPC)"
+        )
+    return transport

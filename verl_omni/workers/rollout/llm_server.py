@@ -2,7 +2,7 @@
 
 The same two roles as verl's ``verl/workers/rollout/llm_server.py``, for ``vllm_omni`` replicas:
 
-* :class:`OmniLLMServerManager` launches ``nnodes * n_gpus_per_node / tp`` replicas (standalone, or
+* :class:`OmniLLMServerManager` launches ``nnodes * n_gpus_per_node / (tp * sp)`` replicas (standalone, or
   hybrid on a worker group) and one shared :class:`~verl_omni.workers.rollout.routing.OmniRequestLoadBalancer`
   actor configured from ``rollout.server_routing``.
 * :class:`OmniLLMServerClient` is what agent loops call: ``generate`` (one sample) and
@@ -15,6 +15,7 @@ The same two roles as verl's ``verl/workers/rollout/llm_server.py``, for ``vllm_
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -23,7 +24,7 @@ from verl.utils.config import omega_conf_to_dataclass
 from verl.utils.ray_utils import auto_await
 from verl.workers.rollout.llm_server import LLMServerClient, LLMServerManager
 
-from verl_omni.workers.config.rollout import RolloutServerRoutingConfig
+from verl_omni.workers.config.rollout import RolloutServerRoutingConfig, replica_world_size, sequence_parallel_size
 from verl_omni.workers.rollout.routing import OmniRequestLoadBalancer, SealedServer
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput
 
@@ -149,6 +150,34 @@ class OmniLLMServerManager(LLMServerManager):
         self.global_load_balancer = self.new_load_balancer(self.routing.policy)
         if self.server_handles:
             logger.info("%d rollout replicas behind policy %s", len(self.server_handles), self.routing.policy)
+
+    async def _initialize_llm_servers(self, start_rank: int | None = None):
+        """verl's ``LLMServerManager._initialize_llm_servers`` makes ``devices / (tp x dp x pp)`` replicas; a
+        replica with sequence parallelism spans ``ulysses_sequence_parallel_size`` times as many devices
+        (:func:`replica_world_size`), so there are that many times fewer. Without it, verl's own path runs; with it,
+        the replicas start here as verl starts them (hybrid on the worker group, else standalone), without verl's
+        branches for engines other than ``vllm_omni`` and without its Prometheus / RL-Insight registration."""
+        if sequence_parallel_size(self.rollout_config) == 1:
+            return await super()._initialize_llm_servers(start_rank)
+        per_replica = replica_world_size(self.rollout_config)
+        start_rank = self.start_rank if start_rank is None else start_rank
+        rollout = self.rollout_config
+        devices = self.worker_group.world_size if self.worker_group else rollout.n_gpus_per_node * rollout.nnodes
+        self.rollout_replicas = [
+            self.rollout_replica_class(
+                replica_rank=start_rank + rank,
+                config=rollout,
+                model_config=self.model_config,
+                gpus_per_node=rollout.n_gpus_per_node,
+            )
+            for rank in range(devices // per_replica)
+        ]
+        if self.worker_group:
+            await asyncio.gather(*[replica.init_hybrid(self.worker_group) for replica in self.rollout_replicas])
+        else:
+            await asyncio.gather(*[replica.init_standalone() for replica in self.rollout_replicas])
+        self.server_handles = [replica._server_handle for replica in self.rollout_replicas]
+        self.server_addresses = [replica._server_address for replica in self.rollout_replicas]
 
     @auto_await
     async def launch_replicas(self) -> None:

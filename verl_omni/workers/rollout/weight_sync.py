@@ -258,7 +258,9 @@ class RolloutWeightSync:
         return cls(
             actor_wg,
             servers,
-            transport=weight_transport_for(rollout.weight_transport, colocated, device),
+            transport=weight_transport_for(
+                rollout.weight_transport, colocated, device, rollout.ulysses_sequence_parallel_size
+            ),
             payload=payload_for(lora),
             bucket_bytes=rollout.checkpoint_engine.update_weights_bucket_megabytes << 20,
             colocated=colocated,

@@ -4,11 +4,12 @@ Qwen-Image-Edit), shared by the CPU and GPU engine tests."""
 import torch
 
 
-def start_engine(loop, model_path, dtype: str, size: tuple[int, int]):
-    """The model's rollout engine, started; it warms up at ``size`` (one step), not at vLLM-Omni's 512²."""
+def start_engine(loop, model_path, dtype: str, size: tuple[int, int], **engine_kwargs):
+    """The model's rollout engine, started; it warms up at ``size`` (one step), not at vLLM-Omni's 512²;
+    ``engine_kwargs`` go to the engine (``ulysses_degree``...)."""
     from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 
-    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, warmup_size=size)
+    rollout = OmniRolloutEngine(str(model_path), dtype=dtype, warmup_size=size, **engine_kwargs)
 
     async def start():
         rollout.start()

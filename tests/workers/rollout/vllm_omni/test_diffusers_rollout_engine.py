@@ -18,6 +18,7 @@ from diffusers_helpers import (
     start_engine,
     tokenized_prompt,
 )
+from sequence_parallel_helpers import SPLIT_DEGREE, check_split_replica
 
 H = W = 32
 STEPS = 4
@@ -250,3 +251,30 @@ def test_checkpoint_lora_directory_served_from_file_equals_the_synced_lora(
     for a, b in zip(served, synced["adapted"], strict=True):
         assert torch.equal(a.diffusion_output, b.diffusion_output)
         assert torch.equal(a.rollout_log_probs, b.rollout_log_probs)
+
+
+@pytest.fixture(scope="module")
+def split_engine(tiny_path, adapter, loop):
+    """The model's engine split over two workers (``ulysses_degree``), for a model whose rollout can split."""
+    if not adapter.rollout_supports_sequence_parallel:
+        pytest.skip(f"{adapter.__name__}'s rollout does not split its sequence")
+    rollout = start_engine(loop, tiny_path, "float32", (H, W), ulysses_degree=SPLIT_DEGREE)
+    yield rollout
+    rollout.shutdown()
+
+
+def test_a_split_replica_samples_what_the_unsplit_one_does_before_and_after_a_lora_push(
+    loop, split_engine, model_engine, model_name, prompt_ids, adapter, lora_module
+):
+    """Sequence parallelism in the rollout changes no sample (``sequence_parallel_helpers``). ``split_engine``
+    comes first: it skips a model whose rollout cannot split before that model's unsplit engine starts."""
+    from peft.utils import get_peft_model_state_dict
+
+    lora = adapter.rollout_lora(get_peft_model_state_dict(lora_module), lora_module.peft_config["default"].to_dict())
+    check_split_replica(
+        loop,
+        model_engine,
+        split_engine,
+        lambda engine, request_id: generate(loop, engine, model_name, prompt_ids, n=2, request_id=request_id),
+        lora,
+    )

@@ -15,26 +15,36 @@ from tensordict import TensorDict
 SEQUENCE_PARALLEL_KEY = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
 
 
-def check_sequence_parallel(adapter, model_path: str, degree: int, gpus_per_node: int | None = None) -> None:
+def check_sequence_parallel(
+    adapter,
+    model_path: str,
+    degree: int,
+    gpus_per_node: int | None = None,
+    *,
+    key: str = SEQUENCE_PARALLEL_KEY,
+    splits: bool | None = None,
+    devices: str = "GPUs per node (trainer.n_gpus_per_node)",
+) -> None:
     """Refuse a degree the model cannot run: a model that cannot split, a degree that does not divide its attention
-    heads or (when given) the GPUs of a node; the message names the key, the model and the allowed degrees."""
+    heads or (when given) the GPUs of a node; the message names the key, the model and the allowed degrees.
+
+    The rollout's degree is checked here too: ``key`` is its key, ``splits`` whether its engine's transformer can
+    split (default: the replay's ``adapter.supports_sequence_parallel``) and ``devices`` names what
+    ``gpus_per_node`` counts."""
     if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
-        raise ValueError(f"{SEQUENCE_PARALLEL_KEY} must be an integer >= 1, got {degree!r}")
+        raise ValueError(f"{key} must be an integer >= 1, got {degree!r}")
     if degree == 1:
         return
     model = f"{adapter.__name__} ({model_path})"
-    if not adapter.supports_sequence_parallel:
-        raise ValueError(
-            f"{SEQUENCE_PARALLEL_KEY}={degree}: {model} cannot split its sequence over ranks; allowed degrees: [1]"
-        )
+    if not (adapter.supports_sequence_parallel if splits is None else splits):
+        raise ValueError(f"{key}={degree}: {model} cannot split its sequence over ranks; allowed degrees: [1]")
     heads = adapter.attention_heads(model_path)
     limit = heads if gpus_per_node is None else min(heads, gpus_per_node)
     allowed = [d for d in range(1, limit + 1) if heads % d == 0 and (gpus_per_node is None or gpus_per_node % d == 0)]
     if degree not in allowed:
-        per_node = "" if gpus_per_node is None else f" and the {gpus_per_node} GPUs per node (trainer.n_gpus_per_node)"
+        per_node = "" if gpus_per_node is None else f" and the {gpus_per_node} {devices}"
         raise ValueError(
-            f"{SEQUENCE_PARALLEL_KEY}={degree} must divide the {heads} attention heads of {model}{per_node}; "
-            f"allowed degrees: {allowed}"
+            f"{key}={degree} must divide the {heads} attention heads of {model}{per_node}; allowed degrees: {allowed}"
         )
 
 

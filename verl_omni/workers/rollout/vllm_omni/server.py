@@ -21,6 +21,7 @@ from verl.utils.device import get_device_name
 from verl.workers.rollout.replica import RolloutMode
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
 
+from verl_omni.workers.config.rollout import replica_world_size, sequence_parallel_size
 from verl_omni.workers.rollout.vllm_omni.engine import OmniRolloutEngine
 from verl_omni.workers.rollout.vllm_omni.schemas import DiffusionOutput, own_storage
 
@@ -79,6 +80,9 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
         # rollout.max_num_seqs defaults to 1024 for text; a diffusion batch is images: own, small default
         default = DEFAULT_MAX_BATCH_REQUESTS if torch.cuda.is_available() else CPU_MAX_BATCH_REQUESTS
         max_batch_requests = int(engine_kwargs.pop("max_num_seqs", default))
+        # the replica's devices split each sample's tokens (rollout.ulysses_sequence_parallel_size, one worker each)
+        if sequence_parallel_size(self.config) > 1:
+            engine_kwargs["ulysses_degree"] = sequence_parallel_size(self.config)
         if self._sleeps():
             # weights go through vLLM's CuMem pool so that sleep(level=1) can offload them
             engine_kwargs.setdefault("enable_sleep_mode", True)
@@ -288,6 +292,21 @@ class vLLMOmniReplica(vLLMReplica):  # noqa: N801 (verl's naming)
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.server_class = ray.remote(vLLMOmniHttpServer)
+        self._count_sequence_parallel_devices()
+
+    def _count_sequence_parallel_devices(self) -> None:
+        """verl's ``RolloutReplica.__init__`` sizes a replica as tp x dp x pp devices; a diffusion replica's engine
+        also splits each sample over ``ulysses_sequence_parallel_size`` workers, one per device, so its size (and
+        the nodes and devices per node that follow from it) counts those too."""
+        self.world_size = replica_world_size(self.config)
+        self.gpus_per_replica_node = min(self.gpus_per_node, self.world_size)
+        if self.world_size % self.gpus_per_replica_node:
+            raise ValueError(
+                f"a rollout replica spans {self.world_size} devices (tensor_model_parallel_size x "
+                f"ulysses_sequence_parallel_size of actor_rollout_ref.rollout), which must be a multiple of the "
+                f"{self.gpus_per_node} devices per node"
+            )
+        self.nnodes = self.world_size // self.gpus_per_replica_node
 
     def _get_server_name_prefix(self) -> str:
         return "vllm_omni_"
