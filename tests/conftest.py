@@ -24,6 +24,8 @@ REPO = str(Path(__file__).resolve().parents[1])
 CPUS_PER_NODE = 6
 
 
+# after the ``-m`` selection has removed its tests: a module's cost counts only the tests that will run
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """The longest modules first, each module's tests kept together and in order.
 
@@ -31,14 +33,16 @@ def pytest_collection_modifyitems(config, items):
     --no-loadscope-reorder``), which take files in this order as they become free: the long files started
     first and the short ones filling in after keep one worker from running a long file alone at the end.
     A module's expected length is what it declares: ``slow`` modules before the others, and among them the
-    larger ``timeout`` first (the trainer runs declare theirs)."""
+    larger ``timeout`` first (the trainer runs declare theirs). Modules that declare neither (the quick tier is
+    all of them) go by their number of tests, most first: collection order would leave the largest quick files,
+    which sort late by path, to start last."""
     default_timeout = float(config.getini("timeout") or 0)
 
-    def cost(module) -> tuple[bool, float]:
+    def cost(module) -> tuple[bool, float, int]:
         tests = [item for item in items if item.module is module]
         slow = any(item.get_closest_marker("slow") for item in tests)
         timeouts = [m.args[0] for item in tests if (m := item.get_closest_marker("timeout")) and m.args]
-        return not slow, -max(timeouts, default=default_timeout)
+        return not slow, -max(timeouts, default=default_timeout), -len(tests)
 
     costs = {}
     for item in items:

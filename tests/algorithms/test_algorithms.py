@@ -118,6 +118,7 @@ def test_an_ode_sample_algorithm_on_a_model_without_ode_recording_is_refused_nam
     check_model_supports(get_algorithm(name), QwenImageTrainingAdapter, "/ckpt/qwen")
 
 
+@pytest.mark.slow  # the entry point in a fresh interpreter
 def test_algorithm_group_composes_from_the_hydra_command_line():
     """``main_flowgrpo algorithm=grpo_guard algorithm.ratio_norm=false`` as a user types it (Hydra prints the job)."""
     args = [

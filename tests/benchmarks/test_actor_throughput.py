@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "actor_throughput.py"
 
 
@@ -14,6 +16,7 @@ def _load_benchmark():
     return module
 
 
+@pytest.mark.slow  # the actor's update over four variant x micro-batch runs plus a profiled one: a trainer run
 def test_actor_throughput_reports_every_micro_batch(tmp_path, tiny_qwen_image_path):
     actor_throughput = _load_benchmark()
 

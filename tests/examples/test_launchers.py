@@ -136,6 +136,8 @@ def launch(launcher: str, model_path: Path, data_dir: Path, *extra: str) -> subp
     )
 
 
+# the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
+@pytest.mark.slow
 @pytest.mark.parametrize("model", sorted(RECIPES))
 def test_launcher_composes_its_preset_and_passes_the_preflight(model, tiny_model, data_dirs, tmp_path):
     from omegaconf import OmegaConf
@@ -168,6 +170,8 @@ def test_launcher_composes_its_preset_and_passes_the_preflight(model, tiny_model
     assert configs.actor.mini_batch_samples == configs.actor.ppo_mini_batch_size * configs.rollout.n
 
 
+# the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["qwen_image_edit", "flux_kontext"])
 def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
     model, tiny_model, edit_dir, tmp_path, monkeypatch
@@ -222,6 +226,8 @@ def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
     assert "reward.diffusion.preflight=false" in str(error.value)
 
 
+# the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
+@pytest.mark.slow
 def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(tiny_model, ocr_dir, tmp_path):
     """True CFG on the guidance-distilled FLUX.1, given as an extra argument, is refused naming the key."""
     from omegaconf import OmegaConf
@@ -350,6 +356,8 @@ def test_each_launcher_runs_with_each_algorithm_its_model_serves(launcher, algor
     assert str(model_path) in str(error.value) and "algorithms this model serves: [" in str(error.value)
 
 
+# the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
+@pytest.mark.slow
 def test_the_tiny_cpu_launcher_is_the_default_run_on_the_cpu(tmp_path):
     """``run_tiny_cpu.sh``: ``flowgrpo_trainer.yaml``'s own run (what ``scripts/run.sh`` runs), pinned to the CPU."""
     from omegaconf import OmegaConf
@@ -367,6 +375,8 @@ def test_the_tiny_cpu_launcher_is_the_default_run_on_the_cpu(tmp_path):
     assert config.trainer.device == "cpu"
 
 
+# the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
+@pytest.mark.slow
 def test_the_tiny_wan_cpu_launcher_composes_a_video_run_the_preflight_accepts(tiny_model, tmp_path):
     """``run_wan2_2_5b_tiny_cpu.sh``: the built-in CPU run with the tiny Wan2.2 and more than one frame (the e2e trainer
     test runs the same settings, ``tests/trainer/test_flowgrpo_models_e2e.py``)."""

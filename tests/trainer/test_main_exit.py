@@ -4,6 +4,8 @@ interpreter's exit does not scan it (``freeze_heap_for_exit``; docs/development.
 import subprocess
 import sys
 
+import pytest
+
 # the entry point as ``python -m`` runs it; ``--cfg job`` prints the composed config and returns from ``main``
 SCRIPT = """
 import gc, runpy, sys
@@ -13,6 +15,8 @@ print("frozen", gc.get_freeze_count())
 """
 
 
+# both start a fresh interpreter that imports the entry point (verl, torch, Ray's module): the full suite's
+@pytest.mark.slow
 def test_the_entry_point_freezes_the_heap_after_main_returns():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True).stdout
     assert "trainer:" in out, "main printed no config"
@@ -20,6 +24,7 @@ def test_the_entry_point_freezes_the_heap_after_main_returns():
     assert frozen > 1000, f"{frozen} objects frozen"
 
 
+@pytest.mark.slow
 def test_importing_the_entry_point_freezes_nothing():
     """A process that imports the module (tests, a notebook calling ``run_flowgrpo``) keeps its collector."""
     code = "import gc, verl_omni.trainer.main_flowgrpo; print(gc.get_freeze_count())"

@@ -8,6 +8,7 @@ use a real local HTTP server, up and then down.
 
 from __future__ import annotations
 
+import copy
 import http.server
 import json
 import os
@@ -401,6 +402,7 @@ def run_entry_point(*overrides: str, cwd: Path) -> tuple[dict, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "match"),
     [
@@ -492,16 +494,44 @@ def _adapter_name(model: str) -> str:
     }[model]
 
 
+@pytest.fixture(scope="module")
+def pairing_config(tiny_qwen_image_path, prompts, tmp_path_factory):
+    """``pairing_config(model_path, run_dir, *overrides)``: the composed config of a pairing.
+
+    Hydra composes each distinct set of group choices and overrides once per module (a composition parses the
+    whole YAML tree, a second or more on two busy cores); each test gets its own copy with its model path and run
+    directory set, the plain values a command line would set."""
+    from omegaconf import OmegaConf
+
+    from verl_omni.utils.config import compose_config
+
+    composed = {}
+    placeholder_run = tmp_path_factory.mktemp("pairing_run")
+
+    def get(model_path: Path, run_dir: Path, *overrides: str):
+        if overrides not in composed:
+            base = base_overrides(tiny_qwen_image_path, prompts, placeholder_run)
+            composed[overrides] = compose_config("flowgrpo_trainer", base + list(overrides))
+        config = copy.deepcopy(composed[overrides])
+        OmegaConf.update(config, "actor_rollout_ref.model.path", str(model_path))
+        OmegaConf.update(config, "trainer.default_local_dir", str(run_dir))
+        return config
+
+    return get
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 @pytest.mark.parametrize("model", PAIRING_MODELS)
-def test_each_algorithm_on_each_tiny_model_passes_or_is_refused_naming_both(compose, tiny_model, model, algorithm):
+def test_each_algorithm_on_each_tiny_model_passes_or_is_refused_naming_both(
+    pairing_config, tiny_model, tmp_path, model, algorithm
+):
     """Every served pairing passes every check before Ray; an unserved one is refused naming the algorithm, the
     adapter, the model path and the algorithms that model does serve."""
     from verl_omni.trainer.config.preflight import check_config, check_resources
     from verl_omni.trainer.config.validation import validate_config
 
     path = tiny_model(model)
-    config = compose(f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []), model=path)
+    config = pairing_config(path, tmp_path / "run", f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []))
     if (model, algorithm) not in REFUSED_PAIRINGS:
         check_config(config)
         check_resources(config)

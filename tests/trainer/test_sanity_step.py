@@ -2,9 +2,12 @@
 
 import json
 
+import pytest
+
 from verl_omni.trainer import sanity_step
 
 
+@pytest.mark.slow  # sampling, a replay and four optimizer steps: a trainer run, in this process
 def test_sanity_step_replays_exactly_and_favours_positive_advantages(tiny_qwen_image_path, tmp_path):
     out = tmp_path / "run"
     args = sanity_step.parse_args(
@@ -20,7 +23,5 @@ def test_sanity_step_replays_exactly_and_favours_positive_advantages(tiny_qwen_i
 
 
 def test_sanity_step_names_a_bad_model_path(tmp_path):
-    import pytest
-
     with pytest.raises(FileNotFoundError, match="model_index.json"):
         sanity_step.resolve_model_path(str(tmp_path / "missing"), tmp_path)

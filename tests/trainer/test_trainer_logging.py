@@ -9,6 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+# each case is a fresh interpreter importing the entry point and vLLM's serving package: the full suite's
+pytestmark = pytest.mark.slow
+
 SCRIPT = """
 import logging
 logging.basicConfig(level=logging.INFO)

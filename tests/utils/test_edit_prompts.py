@@ -23,6 +23,7 @@ def image_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # the script in a fresh interpreter, as a user runs it
 @pytest.mark.parametrize("embed", [False, True], ids=["paths", "bytes"])
 def test_script_writes_rows_the_dataset_returns_with_their_images(image_folder, tmp_path, embed):
     from omegaconf import OmegaConf

@@ -87,6 +87,7 @@ def junit_xml(tmp_path_factory) -> Path:
     return xml
 
 
+@pytest.mark.slow  # the XML comes from pytest run in a fresh interpreter
 def test_each_test_is_a_row_with_its_result_and_figures(junit_xml):
     gpu_summary = load_summary_module()
     results = {r.name.split("::")[-1]: r for r in gpu_summary.read_junit(str(junit_xml))}
@@ -109,6 +110,7 @@ def test_each_test_is_a_row_with_its_result_and_figures(junit_xml):
     assert results["test_param[cuda]"].figures == {"cuda_ms": "1.5"}
 
 
+@pytest.mark.slow  # pytest in a fresh interpreter, then the script in another
 def test_the_page_has_a_header_the_counts_and_one_table_row_per_test(junit_xml):
     out = subprocess.run(
         [

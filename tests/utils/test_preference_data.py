@@ -34,6 +34,7 @@ def pair_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow  # the converter in a fresh interpreter, as a user runs it
 @pytest.mark.parametrize("embed", [False, True], ids=["paths", "bytes"])
 def test_converter_writes_pairs_whose_images_load_back(pair_folder, tmp_path, embed):
     out = tmp_path / "prefs"
