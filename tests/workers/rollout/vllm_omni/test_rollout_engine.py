@@ -112,14 +112,34 @@ def test_zero_outputs_per_prompt_raises_before_the_engine_sees_a_request(loop, e
     assert loop.run(engine.request_batch_sizes()) == before
 
 
-def test_a_request_past_the_generation_bound_is_aborted_and_named(loop, engine, prompts):
-    # the engine holds a request DEFAULT_BATCH_WAIT_MS (500 ms) for others to batch with: 50 ms always runs out
-    bound, engine.generation_timeout_s = engine.generation_timeout_s, 0.05
+def test_a_request_past_the_generation_bound_is_aborted_and_named(loop, engine, prompts, monkeypatch):
+    """The request's output, should it reach the engine's result pump first, is held there until the request is
+    aborted: the request runs past its bound by an event, not by a bound tighter than the engine's batching wait
+    and denoising (an abort while the request waits to be batched is the other order, and passes as well)."""
+    from vllm_omni.diffusion.executor import multiproc_executor
+
+    held, aborting = threading.Event(), threading.Event()
+    unpack, abort = multiproc_executor.unpack_diffusion_output_shm, engine.abort
+
+    def pump_unpack(output):
+        if threading.current_thread().name == "DiffusionResultPump" and not held.is_set():
+            held.set()
+            aborting.wait(HANDOVER_WAIT_S)
+        return unpack(output)
+
+    async def abort_and_release(request_ids):
+        aborting.set()  # before the abort is awaited: an abort that needed the pump would otherwise wait on it
+        await abort(request_ids)
+
+    monkeypatch.setattr(multiproc_executor, "unpack_diffusion_output_shm", pump_unpack)
+    monkeypatch.setattr(engine, "abort", abort_and_release)
+    monkeypatch.setattr(engine, "generation_timeout_s", 0.05)
     try:
         with pytest.raises(TimeoutError, match=r"request late .*rollout\.generation_timeout_s=0\.05 s.*aborted"):
             generate(loop, engine, prompts, n=2, request_id="late")
     finally:
-        engine.generation_timeout_s = bound
+        aborting.set()
+    monkeypatch.undo()
     # the aborted request left nothing behind: the next one runs and matches the same seed's earlier image
     (again,) = generate(loop, engine, prompts, request_id="after-late")
     (first,) = generate(loop, engine, prompts, request_id="after-late-2")
