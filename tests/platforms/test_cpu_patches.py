@@ -127,6 +127,45 @@ def test_forked_workers_never_finalize_the_parents_garbage():
             gc.enable()
 
 
+def _open_store_as_the_worker_does(od_config, queue) -> None:
+    """A stand-in worker main: what vLLM-Omni's ``DiffusionWorker.init_device`` does with the config's port (the
+    ``env://`` rendezvous of a one-rank group, whose store binds ``MASTER_PORT``)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(od_config.master_port))
+    dist.init_process_group("gloo", init_method="env://", rank=0, world_size=1)
+    dist.destroy_process_group()
+    queue.put("store opened")
+
+
+def test_a_lone_forked_worker_opens_its_store_although_the_configs_port_was_taken_since():
+    """vLLM-Omni's config picks the worker's port in the engine's process and the worker binds it later; a port
+    another process took in between killed the worker at start (CI: the engine's pipe closed, ``EOFError``). The
+    engine's only worker binds a port the OS assigns instead. Here the config's port is taken by a listening socket
+    after the config picked it (the race, caused), and the worker still opens its store."""
+    import socket
+
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
+
+    od_config = OmniDiffusionConfig(model="unused", num_gpus=1)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("", od_config.master_port))
+        taken.listen(1)
+        start = forked_workers.ForkedWorkerStart()
+        queue = start._context.Queue()
+        worker = start.Process(target=_open_store_as_the_worker_does, args=(od_config, queue), daemon=True)
+        worker.start()
+        worker.join(120)
+        alive = worker.is_alive()
+        if alive:
+            worker.kill()
+        assert not alive and worker.exitcode == 0, "the worker could not open its store on the config's taken port"
+    assert queue.get(timeout=10) == "store opened"
+    assert od_config.master_port != 0, "the engine's own config is untouched (only the worker's copy changes)"
+
+
 def test_output_ready_wait_keeps_a_longer_wait_an_engine_start_set_first(monkeypatch):
     from vllm_omni.diffusion import diffusion_engine
 

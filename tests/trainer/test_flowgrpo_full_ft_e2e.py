@@ -19,8 +19,6 @@ on the real engine in ``tests/workers/test_full_weight_sync.py``.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 from test_flowgrpo_e2e import STEPS, copy_of, killed_mid_save
@@ -80,10 +78,7 @@ def checkpoint_actor(full, tiny_qwen_image_path):
     import torch.distributed as dist
     from workers.actor.actor_helpers import build_actor
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # one rank: no port to race for
     try:
         actor = build_actor(tiny_qwen_image_path, lora_rank=0, lr=1e-3, ppo_mini_batch_size=4)
         actor.engine.load_checkpoint(str(run_dir.step_dir(full[0], STEPS - 1) / "actor"))

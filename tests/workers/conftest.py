@@ -6,7 +6,6 @@ every test of the module reuses it; the fp32 Qwen-Image ``engine`` is shared by 
 """
 
 import asyncio
-import socket
 import threading
 
 import pytest
@@ -124,10 +123,8 @@ def prompts(tiny_qwen_image_path):
 def _process_group(backend: str):
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    # one rank: an in-memory store (a port picked and released here could be taken before the store binds it)
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return dist
 
 

@@ -2,8 +2,9 @@
 
 vLLM-Omni's executor starts its workers with ``spawn``; :func:`verl_omni.platforms.cpu_patches.patch_forked_workers`
 (the version-gated patch) hands it :class:`ForkedWorkerStart` instead. This module holds what a safe fork needs and
-touches no vLLM-Omni internals: torch on one thread in the child, and the parent's objects frozen across the fork
-so the child's collector never finalizes the parent's garbage (docs/development.md, "Keeping the suite fast").
+touches no vLLM-Omni internals (only its config's public port field): torch on one thread in the child, the parent's
+objects frozen across the fork so the child's collector never finalizes the parent's garbage, and a lone worker's
+store on a port the OS assigns (docs/development.md, "Keeping the suite fast").
 """
 
 from __future__ import annotations
@@ -31,7 +32,24 @@ def _forked_worker_main(target, *args) -> None:
 
     torch.set_num_threads(1)
     gc.enable()
+    _lone_worker_binds_any_port(args)
     target(*args)
+
+
+def _lone_worker_binds_any_port(worker_args) -> None:
+    """The engine's only worker takes whatever port the OS gives its ``torch.distributed`` store (``MASTER_PORT``
+    0), instead of the one the engine's config picked when it was made.
+
+    vLLM-Omni's config picks a free port in the engine's process (``OmniDiffusionConfig.master_port``), and the worker
+    binds it only once it has started, seconds later on a busy machine; another process's connection can take it in
+    between, and the worker then dies at start (``EADDRINUSE``; the engine sees its pipe close). With one rank no
+    other process needs to know the port, so letting the OS assign it at the bind closes the window. Workers of a
+    split engine (several ranks) keep the shared port: they must all reach the same store."""
+    from vllm_omni.diffusion.data import OmniDiffusionConfig
+
+    for arg in worker_args:
+        if isinstance(arg, OmniDiffusionConfig) and arg.num_gpus == 1:
+            arg.master_port = 0
 
 
 # per thread: whether it is starting a forked worker (another thread's fork is none of ours), and what the fork

@@ -153,7 +153,6 @@ def test_two_ranks_each_with_one_experts_samples_train_both_as_one_process(tiny_
     rank 1 only low-noise ones: the step completes (each rank runs both experts, the idle one at weight 0) and the
     LoRA gradients averaged over the ranks equal one unsharded process's over the whole batch."""
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
@@ -171,11 +170,9 @@ def test_two_ranks_each_with_one_experts_samples_train_both_as_one_process(tiny_
         "prompt_embeds_mask": torch.ones(4, 4, dtype=torch.long),
     }
     torch.save(batch, tmp_path / "batch.pt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     here = Path(__file__).resolve().parent
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
+    # --standalone: the launcher's store takes a port the OS assigns (no pick-then-bind race with other processes)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += [str(here / "two_rank_experts.py"), str(tmp_path / "batch.pt"), str(tiny_path), str(tmp_path / "out.pt")]
     env = dict(os.environ, PYTHONPATH=f"{here.parents[2]}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1700)
