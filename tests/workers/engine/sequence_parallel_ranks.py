@@ -1,16 +1,18 @@
 """Two gloo ranks replaying one batch at sequence-parallel degree 1 (two data-parallel ranks) and 2 (one group).
 
-``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL DIR OUT.pt [DEVICE [COMPUTE]]``
+``python -m torch.distributed.run --standalone --nproc_per_node 2 sequence_parallel_ranks.py DEVICE OUT_DIR CASE...``
 
-``MODEL`` is ``wan2_2``, ``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
+Each ``CASE`` is ``MODEL:COMPUTE:DIR`` and writes ``OUT_DIR/MODEL-COMPUTE.pt``; the cases run one after the other in
+one launch, because a launch is mostly its two ranks importing torch, verl and diffusers. ``MODEL`` is ``wan2_2``,
+``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
 samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
 each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
 gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
 a checkpoint that a degree-1 engine loads (its log-probs). Rank 0 writes the numbers; the assertions live in
 ``test_sequence_parallel.py`` (CPU: gloo, fp32, and bf16 for both Wan2.2 models) and
 ``test_sequence_parallel_gpu.py`` (``cuda``: a GPU per rank, NCCL, the engine's default bf16 compute). ``DEVICE``:
-``cpu`` (default) or ``cuda``; ``COMPUTE``: ``default`` (the engine's choice: fp32 on CPU, bf16 on a GPU) or a
-precision name FSDP2 computes in (``bf16``: the GPU run's precision on gloo).
+``cpu`` or ``cuda``; ``COMPUTE``: ``default`` (the engine's choice: fp32 on CPU, bf16 on a GPU) or a precision name
+FSDP2 computes in (``bf16``: the GPU run's precision on gloo; ``fp32``).
 """
 
 from __future__ import annotations
@@ -110,15 +112,18 @@ def lora_grads(engine) -> dict[str, torch.Tensor | None]:
     return grads
 
 
-def main(name: str, model_path: str, out_path: str, device: str = "cpu", compute: str = "default") -> None:
+def result_path(out_dir: str | Path, name: str, compute: str) -> Path:
+    """Where a case's numbers go: ``OUT_DIR/MODEL-COMPUTE.pt``."""
+    return Path(out_dir) / f"{name}-{compute}.pt"
+
+
+def run_case(name: str, model_path: str, out_path: Path, compute: str) -> None:
+    """One model at one compute precision: degrees 1 and 2, the split checkpoint resumed unsplit; rank 0 writes."""
     from verl_omni.pipelines.sampling import SamplingSpec
 
-    torch.set_num_threads(1)
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = SamplingSpec(num_inference_steps=4, true_cfg_scale=4.0, sde_window_size=WINDOW, **SIZE[name])
+    checkpoint = out_path.with_name(f"{out_path.stem}_ckpt_sp2")
     results: dict = {}
     for degree in (1, 2):
         engine = build_engine(model_path, degree, compute)
@@ -131,17 +136,27 @@ def main(name: str, model_path: str, out_path: str, device: str = "cpu", compute
         if degree == 2:
             engine.optimizer_step()
             results["stepped_log_probs_2"] = gather(replay(engine, local, spec, train=False)["log_probs"])
-            engine.save_checkpoint(str(Path(out_path).parent / "ckpt_sp2"), global_step=1)
+            engine.save_checkpoint(str(checkpoint), global_step=1)
         del engine
     resumed = build_engine(model_path, 1, compute)
-    resumed.load_checkpoint(str(Path(out_path).parent / "ckpt_sp2"))
+    resumed.load_checkpoint(str(checkpoint))
     local = {k: v.chunk(world)[rank] for k, v in full_batch(name, model_path, resumed, spec).items()}
     results["resumed_log_probs_1"] = gather(replay(resumed, local, spec, train=False)["log_probs"])
     if rank == 0:
         torch.save(results, out_path)
     dist.barrier()
+
+
+def main(device: str, out_dir: str, *cases: str) -> None:
+    torch.set_num_threads(1)
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    for case in cases:
+        name, compute, model_path = case.split(":", 2)
+        run_case(name, model_path, result_path(out_dir, name, compute), compute)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:])

@@ -1,9 +1,10 @@
 """Ulysses sequence parallelism in the replay (``actor.ulysses_sequence_parallel_size``): two gloo ranks, fp32.
 
-The slow tests run ``sequence_parallel_ranks.py`` once per model (tiny Wan2.2 TI2V-5B and T2V-A14B, tiny
-Qwen-Image): the replay split over a group of 2 gives the log-probs and LoRA gradients of two data-parallel ranks,
-and a checkpoint saved split resumes unsplit; once more for the Wan2.2 T2V-A14B with FSDP2 computing in bf16 under
-activation checkpointing, as on a GPU. The quick tests cover the refusals and Qwen-Image's text padding and mask order.
+The slow tests read one launch of ``sequence_parallel_ranks.py`` that runs a case per model (tiny Wan2.2 TI2V-5B and
+T2V-A14B, tiny Qwen-Image): the replay split over a group of 2 gives the log-probs and LoRA gradients of two
+data-parallel ranks, and a checkpoint saved split resumes unsplit; and one more case, the Wan2.2 T2V-A14B with FSDP2
+computing in bf16 under activation checkpointing, as on a GPU. The quick tests cover the refusals and Qwen-Image's
+text padding and mask order.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sequence_parallel_ranks import result_path
 from two_rank_launch import run_two_ranks
 
 HERE = Path(__file__).resolve().parent
@@ -23,11 +25,27 @@ HERE = Path(__file__).resolve().parent
 UNTRAINED = {"wan2_2": 0, "qwen_image": 4, "wan2_2_a14b": 16}
 
 
+# the cases of the module's one launch: (model, FSDP2 compute precision); "default" is fp32 on the CPU
+CASES = [(name, "default") for name in UNTRAINED] + [("wan2_2_a14b", "bf16")]
+
+
+@pytest.fixture(scope="module")
+def launched(tiny_model, tmp_path_factory):
+    """The folder of the results of every case in :data:`CASES`: one two-rank launch for all of them (a launch is
+    mostly its two ranks importing the stack)."""
+    out = tmp_path_factory.mktemp("sequence_parallel")
+    cases = [f"{name}:{compute}:{tiny_model(name)}" for name, compute in CASES]
+    run_two_ranks(HERE / "sequence_parallel_ranks.py", "cpu", out, *cases)
+    return out
+
+
+def case_results(out, name: str, compute: str) -> dict:
+    return torch.load(result_path(out, name, compute), weights_only=False)
+
+
 @pytest.fixture(scope="module", params=list(UNTRAINED))
-def split_and_unsplit(request, tiny_model, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"sequence_parallel_{request.param}") / "results.pt"
-    run_two_ranks(HERE / "sequence_parallel_ranks.py", request.param, tiny_model(request.param), out)
-    return request.param, torch.load(out, weights_only=False)
+def split_and_unsplit(request, launched):
+    return request.param, case_results(launched, request.param, "default")
 
 
 @pytest.mark.slow
@@ -92,13 +110,11 @@ def assert_bf16_split_matches_unsplit(results: dict, grad_bound: float | None = 
 # the A14B meets both bf16 failures (its experts' blocks are the TI2V-5B's); the TI2V-5B's bf16 split replay, 2 min
 # more of the CPU suite, runs on two GPUs in test_sequence_parallel_gpu.py
 @pytest.mark.parametrize("name", ["wan2_2_a14b"])
-def test_split_replay_in_bf16_on_cpu_gives_the_unsplit_log_probs_and_gradients(name, tiny_model, tmp_path):
+def test_split_replay_in_bf16_on_cpu_gives_the_unsplit_log_probs_and_gradients(name, launched):
     """FSDP2 computing in bf16 with activation checkpointing on, as the GPU run does, at either degree: Wan2.2's fp32
     rotary tables, cast to bf16 for its blocks in the forward, must be cast alike in the backward's recompute; the
     A14B's low-noise expert, which no replayed step runs, must survive the backwards without gradient sync."""
-    out = tmp_path / "results.pt"
-    run_two_ranks(HERE / "sequence_parallel_ranks.py", name, tiny_model(name), out, "cpu", "bf16")
-    results = torch.load(out, weights_only=False)
+    results = case_results(launched, name, "bf16")
     assert_bf16_split_matches_unsplit(results)
     trained = [g for g in results["grads_2"].values() if g is not None and g.abs().max() > 0]
     assert len(trained) == len(results["grads_2"]) - UNTRAINED[name]

@@ -1,5 +1,5 @@
-"""Ulysses sequence parallelism in the replay on 2 GPUs (NCCL), ``sequence_parallel_ranks.py`` launched twice per
-model: FSDP2 computing in fp32 and in the engine's default bf16.
+"""Ulysses sequence parallelism in the replay on 2 GPUs (NCCL), ``sequence_parallel_ranks.py`` launched once per
+model with two cases: FSDP2 computing in fp32 and in the engine's default bf16.
 
 * fp32: the split replay is the unsplit one on CUDA as on the CPU: log-probs to 1e-5, every LoRA gradient to 1e-4 of
   its largest entry.
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from figures import figure
+from sequence_parallel_ranks import result_path
 from test_sequence_parallel import assert_bf16_split_matches_unsplit
 from two_rank_launch import run_two_ranks
 
@@ -55,9 +56,7 @@ def assert_split_matches_unsplit_on_cuda(fp32: dict, bf16: dict) -> None:
 
 @pytest.mark.parametrize("name", ["wan2_2", "wan2_2_a14b", "qwen_image"])
 def test_split_replay_on_two_gpus_gives_the_unsplit_log_probs_and_gradients(name, tiny_model, tmp_path):
-    results = {}
-    for compute in ("fp32", "default"):
-        out = tmp_path / f"{compute}.pt"
-        run_two_ranks(HERE / "sequence_parallel_ranks.py", name, tiny_model(name), out, "cuda", compute, timeout=900)
-        results[compute] = torch.load(out, weights_only=False)
-    assert_split_matches_unsplit_on_cuda(results["fp32"], results["default"])
+    cases = [f"{name}:{compute}:{tiny_model(name)}" for compute in ("fp32", "default")]
+    run_two_ranks(HERE / "sequence_parallel_ranks.py", "cuda", tmp_path, *cases, timeout=1800)
+    fp32, bf16 = (torch.load(result_path(tmp_path, name, c), weights_only=False) for c in ("fp32", "default"))
+    assert_split_matches_unsplit_on_cuda(fp32, bf16)
