@@ -53,12 +53,11 @@ def test_run_batch_scores_each_sample_and_marks_excluded_optional_scorer(refusin
     assert out[0]["reward_score"] > out[1]["reward_score"]
 
 
-def test_a_model_scorers_score_reaches_the_reward_with_the_samples_prompt(tmp_path):
+def test_a_model_scorers_score_reaches_the_reward_with_the_samples_prompt(tiny_model):
     """The tiny HPSv3 (a Qwen2-VL reward model) scores through the manager: the chat prompt's user text, each image."""
     from verl_omni.utils.reward_score.hpsv3 import HpsV3Params, load_hpsv3
-    from verl_omni.utils.tiny_models import build_tiny_model
 
-    params = {"model_path": str(build_tiny_model("hpsv3", tmp_path / "hpsv3")), "dtype": "float32"}
+    params = {"model_path": str(tiny_model("hpsv3")), "dtype": "float32"}
     config = make_config(scorers=[{"type": "hpsv3", "name": "hps", "weight": 1.0, "params": params}])
     images = make_images(2)
     data = make_data(images, [[{"role": "user", "content": "a red car"}], "a cat near the tree"])

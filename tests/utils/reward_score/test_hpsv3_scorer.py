@@ -15,7 +15,6 @@ from safetensors.torch import load_file, save_file
 
 from verl_omni.utils.reward_score import ScoreBatch, build_params, get_scorer_cls
 from verl_omni.utils.reward_score.hpsv3 import resized_size
-from verl_omni.utils.tiny_models import build_tiny_model
 
 REFERENCE = json.loads(Path(__file__).with_name("reference").joinpath("hpsv3_reference_scores.json").read_text())
 
@@ -26,8 +25,8 @@ def make(model_path, **params):
 
 
 @pytest.fixture(scope="module")
-def tiny_hpsv3_dir(tmp_path_factory):
-    return build_tiny_model("hpsv3", tmp_path_factory.mktemp("tiny_hpsv3"), seed=0)
+def tiny_hpsv3_dir(tiny_model):
+    return tiny_model("hpsv3")
 
 
 @pytest.fixture(scope="module")
