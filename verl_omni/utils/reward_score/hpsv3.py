@@ -1,9 +1,9 @@
-"""``hpsv3``: HPSv3 (Ma et al., "HPSv3: Towards Wide-Spectrum Human Preference Score", ICCV 2025, arXiv:2508.03789).
+"""``hpsv3``: HPSv3 (Ma, Wu, Sun, Li, "HPSv3: Towards Wide-Spectrum Human Preference Score", ICCV 2025).
 
 HPSv3 is a Qwen2-VL-7B-Instruct fine-tuned as a reward model: the prompt holds the image, an instruction naming the
 criteria with the text prompt, and an added ``<|Reward|>`` token; a head (an MLP hidden -> 1024 -> 16 -> 2 with
 ReLUs) maps the last hidden state at that token to ``(mu, sigma)``, the mean and spread of the uncertainty-aware
-preference score the paper trains with its probabilistic ranking loss. The score is ``mu``, as the authors'
+preference score the paper trains with its uncertainty-aware ranking loss. The score is ``mu``, as the authors'
 inferencer reports it: unbounded (a regression output), higher is preferred.
 
 How the score is computed follows the authors' inference code (the ``hpsv3`` package), which a test checks on a tiny
