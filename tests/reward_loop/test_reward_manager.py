@@ -53,6 +53,21 @@ def test_run_batch_scores_each_sample_and_marks_excluded_optional_scorer(refusin
     assert out[0]["reward_score"] > out[1]["reward_score"]
 
 
+def test_a_model_scorers_score_reaches_the_reward_with_the_samples_prompt(tiny_model):
+    """The tiny HPSv3 (a Qwen2-VL reward model) scores through the manager: the chat prompt's user text, each image."""
+    from verl_omni.utils.reward_score.hpsv3 import HpsV3Params, load_hpsv3
+
+    params = {"model_path": str(tiny_model("hpsv3")), "dtype": "float32"}
+    config = make_config(scorers=[{"type": "hpsv3", "name": "hps", "weight": 1.0, "params": params}])
+    images = make_images(2)
+    data = make_data(images, [[{"role": "user", "content": "a red car"}], "a cat near the tree"])
+    out = asyncio.run(DiffusionRewardManager(config).run_batch(data))
+    expected = load_hpsv3(HpsV3Params(**params)).score(images, ["a red car", "a cat near the tree"])
+    assert [o["reward_score"] for o in out] == pytest.approx(expected, abs=1e-6)
+    assert [o["reward_extra_info"]["reward/hps"] for o in out] == pytest.approx(expected, abs=1e-6)
+    assert expected[0] != pytest.approx(expected[1], abs=1e-4)
+
+
 def test_required_scorer_failure_raises_with_scorer_name(refusing_url):
     config = make_config(scorers=[{"type": "jpeg_compressibility"}, ocr_entry(refusing_url, required=True)])
     data = make_data(make_images(1), ['sign "a"'])

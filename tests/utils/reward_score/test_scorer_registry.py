@@ -12,6 +12,7 @@ BUILT_IN = [
     "clip_score",
     "geneval",
     "hpsv2",
+    "hpsv3",
     "http",
     "http_video",
     "image_reward",
