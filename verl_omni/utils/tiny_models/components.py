@@ -40,7 +40,7 @@ def clip_text_encoder(tokenizer, hidden_size: int = 32, with_projection: bool = 
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_hidden_layers,
+        num_hidden_layers=2,
         num_attention_heads=2,
         projection_dim=hidden_size,
         max_position_embeddings=CLIP_MAX_LENGTH,
