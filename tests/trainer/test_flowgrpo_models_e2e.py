@@ -1,6 +1,6 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
+``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base with CFG, step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
 Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
 video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
@@ -32,7 +32,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise;
 # Qwen-Image's run is test_flowgrpo_e2e.py's two-replica one (the same checks, its summary's included)
-MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
+MODELS = (
+    "sd3",
+    "flux",
+    "flux2_klein",
+    "flux2_klein_distilled",
+    "z_image",
+    "wan2_2",
+    "wan2_2_a14b",
+    "qwen_image_edit",
+    "flux_kontext",
+)
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
