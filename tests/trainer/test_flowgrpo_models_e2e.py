@@ -1,10 +1,10 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base with CFG, step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
-Qwen-Image-Edit, FLUX.1-Kontext): the same
+``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
+the two-expert A14B), Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
 video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
-source images at 32², ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
+source images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout; the A14B's replica is
 split over 2 workers of its own pool instead, ``MODEL_ARGS``), 2 steps, the
@@ -49,6 +49,9 @@ MODEL_ARGS = {
     # SD3.5's run also serves its LoRA merged (model.lora.merge): the rollout runs plain linears, its log-probs still
     # within the bound of the actor's, its validation images moved by the training
     "sd3": ("actor_rollout_ref.model.lora.merge=true",),
+    # the base FLUX.2-klein samples with its CFG (the default config has none): the run records the empty prompt's
+    # embeddings and replays both passes; the step-distilled klein's run is the shared command alone
+    "flux2_klein": ("actor_rollout_ref.rollout.true_cfg_scale=4",),
     "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
     # the A14B's rollout is one replica split over 2 engine workers (rollout sequence parallelism), in a pool of its
     # own (a colocated split needs as many actor ranks): its samples still replay within the bound on the actor
