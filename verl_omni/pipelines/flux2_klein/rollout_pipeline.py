@@ -45,8 +45,10 @@ class Flux2KleinLogProbPipeline(DiffusersRolloutMixin, Flux2KleinPipeline):
 
     def forward(self, req):
         """The rollout; the engine's start-up warm-up takes the stock text-to-image path. vLLM-Omni gives that
-        request a blank source image because the stock class also edits (``support_image_input``), and its
-        image check refuses sides under 64 px: the image is dropped, this rollout takes none."""
+        request a blank source image because the stock class also edits (``support_image_input``), and 0.26's
+        edit path fails on it (sides under 64 px are refused; at any size its loop appends the source tokens'
+        position ids a second time, one set more than there are tokens): the image is dropped, this rollout
+        takes none."""
         if req.is_dummy_run():
             for prompt in req.prompts:
                 if isinstance(prompt, dict):

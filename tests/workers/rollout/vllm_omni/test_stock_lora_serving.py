@@ -20,21 +20,12 @@ import torch
 
 pytestmark = pytest.mark.slow
 
-# image side: 32 px; FLUX.2-klein's stock pipeline (which also edits) gets the engine's warm-up source image at the
-# request size and refuses sides under 64 px
-SIDE = 32
-SIDES = {"flux2_klein": 64}
+H = W = 32
 STEPS = 2
 PROMPT = "a red cat on a chair"
 START_TIMEOUT_S = 1200
 # per model: the stock pipeline's guidance arguments (FLUX.1-dev: its embedded guidance)
-MODELS = {
-    "qwen_image": {"true_cfg_scale": 4.0},
-    "sd3": {"guidance_scale": 4.5},
-    "flux": {"guidance_scale": 2.5},
-    # the base klein's CFG (its stock pipeline's guidance_scale)
-    "flux2_klein": {"guidance_scale": 4.0},
-}
+MODELS = {"qwen_image": {"true_cfg_scale": 4.0}, "sd3": {"guidance_scale": 4.5}, "flux": {"guidance_scale": 2.5}}
 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
@@ -67,13 +58,12 @@ def lora_dir(tiny_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stock_engine(tiny_path, model_name):
+def stock_engine(tiny_path):
     from vllm_omni.entrypoints.omni import Omni
 
     from verl_omni.platforms.cpu_patches import engine_start_config
 
-    side = SIDES.get(model_name, SIDE)
-    start = engine_start_config((side, side), START_TIMEOUT_S, "START_TIMEOUT_S of this test")
+    start = engine_start_config((H, W), START_TIMEOUT_S, "START_TIMEOUT_S of this test")
     omni = Omni(
         model=str(tiny_path),
         dtype="float32",
@@ -88,9 +78,8 @@ def stock_engine(tiny_path, model_name):
 def _image(omni, model_name, lora_request=None) -> np.ndarray:
     from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
-    side = SIDES.get(model_name, SIDE)
     params = OmniDiffusionSamplingParams(
-        height=side, width=side, num_inference_steps=STEPS, seed=1, lora_request=lora_request, **MODELS[model_name]
+        height=H, width=W, num_inference_steps=STEPS, seed=1, lora_request=lora_request, **MODELS[model_name]
     )
     (output,) = omni.generate([PROMPT], sampling_params_list=[params])
     (image,) = output.images
