@@ -69,7 +69,10 @@ def guided_velocity(
     vLLM-Omni's (rollout) alike: ``tokens`` ``[B, S, 4C]`` on a ``grid`` of (rows, columns) tokens at ``timestep``
     ``[B]`` (0..1000); one pass on the prompt and, with ``negative_prompt_embeds``, one on the negative prompt,
     ``neg + cfg_scale·(pos − neg)``."""
-    img_ids, txt_ids = position_ids(*grid, prompt_embeds.shape[1], tokens.device)
+    # one row of ids per sample, as the pipelines pass them: the context-parallel plan splits the 3-D ids
+    img_ids, txt_ids = (
+        ids.expand(tokens.shape[0], *ids.shape) for ids in position_ids(*grid, prompt_embeds.shape[1], tokens.device)
+    )
 
     def forward(embeds: torch.Tensor) -> torch.Tensor:
         return transformer(
@@ -106,6 +109,10 @@ class Flux2KleinTrainingAdapter(DiffusersFlowMatchAdapter):
     # ``add_q_proj``... adapters to its fused ``to_qkv`` / ``add_kv_proj`` itself (``stacked_params_mapping``)
     rollout_name_map = ()
     fsdp_wrap_blocks = ("Flux2TransformerBlock", "Flux2SingleTransformerBlock")
+    # diffusers' FLUX.2 transformer declares a context-parallel plan (image and text tokens and their ids split);
+    # vLLM-Omni's declares a sequence-parallel one that the rollout's loop keeps (it calls the transformer as is)
+    supports_sequence_parallel = True
+    rollout_supports_sequence_parallel = True
     # the double-stream blocks' attention projections (the single-stream blocks fuse q/k/v with the MLP input)
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
 
