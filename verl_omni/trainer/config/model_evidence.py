@@ -210,6 +210,7 @@ MODELS: dict[str, Model] = {
             "replay": engine_replay("flux2_klein"),
             "trainer": trainer_run("flux2_klein"),
             "lora_diffusers": diffusers_lora("flux2_klein"),
+            "sequence_parallel": split_replay("flux2_klein"),
         },
     ),
     "Flux2KleinDistilledTrainingAdapter": Model(
