@@ -6,7 +6,7 @@ to 512 tokens, the Qwen3 hidden states of the configured layers stacked), latent
 packed tokens), schedule (linear σ with FLUX.2's empirical μ, the stock module's ``compute_empirical_mu``),
 transformer and VAE decoding (latent batch norm undone, unpatchified). The denoising loop is written
 here with the recorder's four calls: vLLM-Omni 0.26's ``Flux2KleinPipeline.forward`` holds its loop
-inline and serves one prompt a time. The guided velocity is the training adapter's
+inline and serves one prompt at a time. The guided velocity is the training adapter's
 :func:`~verl_omni.pipelines.flux2_klein.training_adapter.guided_velocity`, the code the replay runs.
 
 The stock pipeline never reads ``model_index.json``'s ``is_distilled`` (its ``is_distilled`` is a constructor
