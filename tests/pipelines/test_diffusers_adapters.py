@@ -1,4 +1,4 @@
-"""SD3.5, FLUX.1, Z-Image, Qwen-Image-Edit and FLUX.1-Kontext training adapters against their own diffusers pipelines (CPU, fp32).
+"""SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Qwen-Image-Edit and FLUX.1-Kontext training adapters against their own diffusers pipelines (CPU, fp32).
 
 The reference sampler is each model's diffusers pipeline itself, run with a scheduler whose
 ``step`` is the shared SDE step over per-sample windows and records what a rollout records: the
@@ -75,6 +75,20 @@ MODELS = {
         {"condition_area": EDIT_CONDITION_AREA},
         packed=True,
     ),
+    "flux2_klein": Model(
+        "flux2_klein",
+        "verl_omni.pipelines.flux2_klein.training_adapter:Flux2KleinTrainingAdapter",
+        4.0,
+        {"guidance_scale": 4.0},
+        packed=True,
+    ),
+    "flux2_klein_distilled": Model(
+        "flux2_klein_distilled",
+        "verl_omni.pipelines.flux2_klein.training_adapter:Flux2KleinDistilledTrainingAdapter",
+        1.0,
+        {"guidance_scale": 1.0},
+        packed=True,
+    ),
     "flux_kontext": Model(
         "flux_kontext",
         "verl_omni.pipelines.flux_kontext.training_adapter:FluxKontextTrainingAdapter",
@@ -106,6 +120,11 @@ def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, t
             pe, pooled, _ = pipe.encode_prompt(list(prompts), None, device="cpu")
             out = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
             return out | (_kontext_source(pipe) if name == "flux_kontext" else {})
+        if name.startswith("flux2_klein"):
+            out = {"prompt_embeds": pipe.encode_prompt(list(prompts), device="cpu")[0]}
+            if cfg:
+                out["negative_prompt_embeds"] = pipe.encode_prompt([""] * len(prompts), device="cpu")[0]
+            return out
         if name == "z_image":
             pos, neg = pipe.encode_prompt(list(prompts), "cpu", cfg, [""] * len(prompts))
             out = _padded(pos, "prompt_embeds")
@@ -362,7 +381,8 @@ def test_adapter_is_registered_under_the_pipeline_class(model_name, tiny_path):
     from verl_omni.pipelines.model_base import MODEL_ADAPTERS, architecture_name
 
     adapter = _adapter(MODELS[model_name])
-    assert MODEL_ADAPTERS.get(architecture_name(tiny_path)) is adapter
+    # a variant of the registered adapter (the step-distilled FLUX.2-klein) is the checkpoint's own pick
+    assert MODEL_ADAPTERS.get(architecture_name(tiny_path)).for_checkpoint(tiny_path) is adapter
     assert adapter.lora_file_pipeline == architecture_name(tiny_path)
     # the tiny VAE downsamples less than the released 8x: sizes that suit the released model suit it too
     assert adapter.latent_multiple % (2 * adapter.vae_scale_factor(tiny_path)) == 0
@@ -407,3 +427,24 @@ def test_z_image_windows_stop_before_its_sigma_zero_step():
 
     with pytest.raises(ValueError, match=r"sde_window_range=\[0, 10\]: ZImageTrainingAdapter.*allowed: r1 <= 9"):
         SamplingSpec(sde_window_range=(0, 10)).for_model(ZImageTrainingAdapter)
+
+
+def test_flux2_klein_distilled_refuses_cfg_and_the_base_defaults_to_it(tiny_model):
+    from verl_omni.pipelines.flux2_klein.training_adapter import (
+        Flux2KleinDistilledTrainingAdapter,
+        Flux2KleinTrainingAdapter,
+    )
+    from verl_omni.pipelines.model_base import get_model_adapter
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    distilled = get_model_adapter(tiny_model("flux2_klein_distilled"))
+    assert distilled is Flux2KleinDistilledTrainingAdapter
+    assert get_model_adapter(tiny_model("flux2_klein")) is Flux2KleinTrainingAdapter
+    values = dict(num_inference_steps=4, height=32, width=32)
+    # null true_cfg_scale: the base samples with the pipelines' CFG 4, the distilled one without
+    assert SamplingSpec.resolve(values, Flux2KleinTrainingAdapter).true_cfg_scale == 4.0
+    assert not SamplingSpec.resolve(values, distilled).uses_cfg
+    with pytest.raises(ValueError, match=r"true_cfg_scale=4.0: Flux2KleinDistilledTrainingAdapter .*allowed: \[1.0\]"):
+        SamplingSpec.resolve(values | {"true_cfg_scale": 4.0}, distilled)
+    with pytest.raises(ValueError, match="step-distilled FLUX.2-klein samples without CFG"):
+        distilled.step_velocity(None, {}, 0, SamplingSpec(true_cfg_scale=4.0, **values), 4)

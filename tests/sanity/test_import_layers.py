@@ -49,6 +49,9 @@ ALLOWED = {
         "the tiny-model builders' command line (utils.tiny_models) builds each model package's tiny model, found "
         "by name; this named variant of Wan2.2 is built by its model package's builder, imported when it is run"
     ),
+    ("verl_omni.utils.tiny_models.flux2_klein_distilled", "verl_omni.pipelines.flux2_klein.tiny_model"): (
+        "as for wan2_2_a14b: the step-distilled FLUX.2-klein is built by its model package's builder"
+    ),
 }
 
 TIER_OF = {layer: tier for tier, layers in enumerate(TIERS) for layer in layers}

@@ -1,10 +1,10 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
-Qwen-Image-Edit, FLUX.1-Kontext): the same
+``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
+the two-expert A14B), Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
 video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
-source images at 32², ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
+source images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout; the A14B's replica is
 split over 2 workers of its own pool instead, ``MODEL_ARGS``), 2 steps, the
@@ -32,13 +32,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise;
 # Qwen-Image's run is test_flowgrpo_e2e.py's two-replica one (the same checks, its summary's included)
-MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
+MODELS = (
+    "sd3",
+    "flux",
+    "flux2_klein",
+    "flux2_klein_distilled",
+    "z_image",
+    "wan2_2",
+    "wan2_2_a14b",
+    "qwen_image_edit",
+    "flux_kontext",
+)
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
     # SD3.5's run also serves its LoRA merged (model.lora.merge): the rollout runs plain linears, its log-probs still
     # within the bound of the actor's, its validation images moved by the training
     "sd3": ("actor_rollout_ref.model.lora.merge=true",),
+    # the base FLUX.2-klein samples with its CFG (the default config has none): the run records the empty prompt's
+    # embeddings and replays both passes; the step-distilled klein's run is the shared command alone
+    "flux2_klein": ("actor_rollout_ref.rollout.true_cfg_scale=4",),
     "wan2_2": ("actor_rollout_ref.rollout.num_frames=5",),
     # the A14B's rollout is one replica split over 2 engine workers (rollout sequence parallelism), in a pool of its
     # own (a colocated split needs as many actor ranks): its samples still replay within the bound on the actor

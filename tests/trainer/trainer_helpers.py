@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import subprocess
@@ -193,6 +192,7 @@ def check_summary(run, model, steps: int) -> None:
     import torch
     from PIL import Image
 
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.trainer.diffusion.summary import CURVE_FILE, DIFFUSERS_HEADER, SUMMARY_FILE
 
     lines = (run / SUMMARY_FILE).read_text().splitlines()
@@ -216,7 +216,8 @@ def check_summary(run, model, steps: int) -> None:
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(prompt="a red cat", height=32, width=32, num_inference_steps=2, output_type="pt")
     kwargs |= PIPELINE_ARGS.get(type(pipe).__name__, {})
-    if "image" in inspect.signature(pipe.__call__).parameters:  # an editing pipeline: a source image
+    # an editing model: a source image (FLUX.2-klein's pipeline takes an optional one, its adapter none)
+    if get_model_adapter(model).max_source_images:
         kwargs["image"] = Image.new("RGB", (32, 32), (200, 40, 40))
 
     def sample():

@@ -4,7 +4,7 @@
 
 Each ``CASE`` is ``MODEL:COMPUTE:DIR`` and writes ``OUT_DIR/MODEL-COMPUTE.pt``; the cases run one after the other in
 one launch, because a launch is mostly its two ranks importing torch, verl and diffusers. ``MODEL`` is ``wan2_2``,
-``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
+``wan2_2_a14b``, ``qwen_image`` or ``flux2_klein`` (a tiny checkpoint in ``DIR``). The batch (4
 samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
 each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
 gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
@@ -27,15 +27,26 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 SAMPLES, WINDOW = 4, 2
-TEXT_DIM_KEYS = {"wan2_2": "text_dim", "wan2_2_a14b": "text_dim", "qwen_image": "joint_attention_dim"}
+TEXT_DIM_KEYS = {
+    "wan2_2": "text_dim",
+    "wan2_2_a14b": "text_dim",
+    "qwen_image": "joint_attention_dim",
+    "flux2_klein": "joint_attention_dim",
+}
+# the SGD step's learning rate: one that moves the log-probs measurably (the tiny FLUX.2-klein's LoRA, on its one
+# double-stream block, gets gradients too small for the others' 10)
+LEARNING_RATE = {"flux2_klein": 1e4}
+# FLUX.2-klein's prompts are padded to a fixed length (the pipelines' 512 tokens, padding read) and have no mask
+FIXED_TEXT_LENGTH = {"flux2_klein": 512}
 SIZE = {
     "wan2_2": dict(height=64, width=64, num_frames=5),
     "wan2_2_a14b": dict(height=32, width=32, num_frames=5),
     "qwen_image": dict(height=64, width=32, num_frames=1),
+    "flux2_klein": dict(height=64, width=32, num_frames=1),
 }
 
 
-def build_engine(model_path: str, degree: int, compute: str):
+def build_engine(model_path: str, degree: int, compute: str, lr: float = 10.0):
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
     from verl.workers.engine.base import EngineRegistry
@@ -50,7 +61,7 @@ def build_engine(model_path: str, degree: int, compute: str):
     engine_config = FSDPEngineConfig(
         strategy="fsdp2", seed=7, ulysses_sequence_parallel_size=degree, mixed_precision=precision
     )
-    optim = FSDPOptimizerConfig(optimizer="SGD", lr=10.0, total_training_steps=1, weight_decay=0.0)
+    optim = FSDPOptimizerConfig(optimizer="SGD", lr=lr, total_training_steps=1, weight_decay=0.0)
     engine = EngineRegistry.new("diffusion_model", "fsdp2", model, engine_config, optim, CheckpointConfig())
     engine.initialize()
     return engine
@@ -73,6 +84,12 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     timesteps = engine.scheduler.timesteps[:WINDOW].float().expand(SAMPLES, WINDOW).clone()
     text_dim = transformer[TEXT_DIM_KEYS[name]]
     batch = {"all_latents": latents, "all_timesteps": timesteps, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0])}
+    if name in FIXED_TEXT_LENGTH:
+        for prefix in ("", "negative_"):
+            batch[f"{prefix}prompt_embeds"] = torch.randn(
+                SAMPLES, FIXED_TEXT_LENGTH[name], text_dim, generator=generator
+            )
+        return batch
     # prompts of 5 tokens (two rows padded to 3 and 4) and negative prompts of 3: an odd length, masked padding
     for prefix, length, kept in (("", 5, (5, 3, 5, 4)), ("negative_", 3, (3, 3, 2, 3))):
         batch[f"{prefix}prompt_embeds"] = torch.randn(SAMPLES, length, text_dim, generator=generator)
@@ -126,7 +143,7 @@ def run_case(name: str, model_path: str, out_path: Path, compute: str) -> None:
     checkpoint = out_path.with_name(f"{out_path.stem}_ckpt_sp2")
     results: dict = {}
     for degree in (1, 2):
-        engine = build_engine(model_path, degree, compute)
+        engine = build_engine(model_path, degree, compute, LEARNING_RATE.get(name, 10.0))
         batch = full_batch(name, model_path, engine, spec)
         local = {k: v.chunk(world)[rank] for k, v in batch.items()}
         results[f"log_probs_{degree}"] = gather(replay(engine, local, spec, train=False)["log_probs"])
@@ -138,7 +155,7 @@ def run_case(name: str, model_path: str, out_path: Path, compute: str) -> None:
             results["stepped_log_probs_2"] = gather(replay(engine, local, spec, train=False)["log_probs"])
             engine.save_checkpoint(str(checkpoint), global_step=1)
         del engine
-    resumed = build_engine(model_path, 1, compute)
+    resumed = build_engine(model_path, 1, compute, LEARNING_RATE.get(name, 10.0))
     resumed.load_checkpoint(str(checkpoint))
     local = {k: v.chunk(world)[rank] for k, v in full_batch(name, model_path, resumed, spec).items()}
     results["resumed_log_probs_1"] = gather(replay(resumed, local, spec, train=False)["log_probs"])

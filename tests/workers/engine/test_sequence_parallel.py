@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 # LoRA tensors a replayed window leaves without a non-zero gradient: Qwen-Image's last block's text-only ones
 # (query and output projections of a text stream whose output the model drops); the tiny A14B's low-noise expert,
 # which the window's two high-noise steps never run
-UNTRAINED = {"wan2_2": 0, "qwen_image": 4, "wan2_2_a14b": 16}
+UNTRAINED = {"wan2_2": 0, "qwen_image": 4, "wan2_2_a14b": 16, "flux2_klein": 0}
 
 
 # the cases of the module's one launch: (model, FSDP2 compute precision); "default" is fp32 on the CPU

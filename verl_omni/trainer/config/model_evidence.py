@@ -203,6 +203,25 @@ MODELS: dict[str, Model] = {
         "FLUX.1-dev",
         {**diffusers_family("flux"), "lora_diffusers": diffusers_lora("flux"), "lora_stock": stock_serving("flux")},
     ),
+    "Flux2KleinTrainingAdapter": Model(
+        "FLUX.2-klein base (4B, 9B)",
+        {
+            "rollout": rollout_engine("flux2_klein"),
+            "replay": engine_replay("flux2_klein"),
+            "trainer": trainer_run("flux2_klein"),
+            "lora_diffusers": diffusers_lora("flux2_klein"),
+            "sequence_parallel": split_replay("flux2_klein"),
+        },
+    ),
+    "Flux2KleinDistilledTrainingAdapter": Model(
+        "FLUX.2-klein 4B, 9B (step-distilled)",
+        {
+            "rollout": rollout_engine("flux2_klein_distilled"),
+            "replay": engine_replay("flux2_klein_distilled"),
+            "trainer": trainer_run("flux2_klein_distilled"),
+            "lora_diffusers": diffusers_lora("flux2_klein_distilled"),
+        },
+    ),
     "ZImageTrainingAdapter": Model(
         "Z-Image, Z-Image-Turbo",
         {**diffusers_family("z_image"), "lora_diffusers": diffusers_lora("z_image")},

@@ -102,8 +102,9 @@ def qwen3_tokenizer():
     return tokenizer
 
 
-def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
-    """A 2-layer Qwen3 language model (``Qwen3ForCausalLM``, tied head); Z-Image reads its second-to-last hidden states."""
+def qwen3_text_encoder(tokenizer, hidden_size: int = 32, num_hidden_layers: int = 2):
+    """A Qwen3 language model (``Qwen3ForCausalLM``, tied head) of ``num_hidden_layers`` layers: Z-Image reads its
+    second-to-last hidden states; FLUX.2-klein stacks those of fixed layers, so its builder asks for as many."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     ids = tokenizer.convert_tokens_to_ids
@@ -111,7 +112,7 @@ def qwen3_text_encoder(tokenizer, hidden_size: int = 32):
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=16,

@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
+"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
 tiny bf16 checkpoints.
 
 One engine per model (module-scoped, parametrized), as ``test_diffusers_rollout_engine.py`` runs
@@ -22,6 +22,9 @@ NOISE = 0.7
 MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
+    # the base klein's CFG; the step-distilled klein samples without
+    "flux2_klein": {"true_cfg_scale": 4.0},
+    "flux2_klein_distilled": {},
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # a video of 5 frames (two latent frames) at 64² (2×2 transformer patches), the TI2V-5B example's CFG 5
     "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
