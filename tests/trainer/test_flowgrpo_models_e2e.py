@@ -1,9 +1,9 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B),
-Qwen-Image-Edit, FLUX.1-Kontext): the same
+``one[<model>]`` (SD3.5, FLUX.1, Z-Image, Wan2.2 text-to-video (TI2V-5B and the two-expert A14B), Wan2.2
+I2V-A14B, Qwen-Image-Edit, FLUX.1-Kontext): the same
 command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
-video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
+video models also sample 5 frames, the editing models and the image-to-video one read an editing set, Qwen-Image-Edit conditioning its
 source images at 32², ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout; the A14B's replica is
@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 # the tiny builders (python -m verl_omni.utils.tiny_models NAME): one run per model, the same command otherwise;
 # Qwen-Image's run is test_flowgrpo_e2e.py's two-replica one (the same checks, its summary's included)
-MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "qwen_image_edit", "flux_kontext")
+MODELS = ("sd3", "flux", "z_image", "wan2_2", "wan2_2_a14b", "wan2_2_i2v_a14b", "qwen_image_edit", "flux_kontext")
 # what a model adds to the shared command: the video model samples 5 frames (4k + 1; 1 would be a one-frame video);
 # the editing model conditions at 32² (the stock 1024² is 16k latent tokens of the tiny VAE)
 MODEL_ARGS = {
@@ -48,10 +48,12 @@ MODEL_ARGS = {
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.ulysses_sequence_parallel_size=2",
     ),
+    # the image-to-video A14B: the editing set's 32² images are the first frames
+    "wan2_2_i2v_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
-# the models whose prompts carry source images (an editing set)
-EDITING = ("qwen_image_edit", "flux_kontext")
+# the models whose prompts carry source images (an editing set; the image-to-video model's first frames)
+EDITING = ("qwen_image_edit", "flux_kontext", "wan2_2_i2v_a14b")
 # the last step of every run
 STEPS = 2
 

@@ -294,11 +294,16 @@ def test_an_empty_preference_file_names_it(offline, tmp_path):
     fails_before_ray(offline(f"data.preference_files={empty}"), rf"data.preference_files: {empty} has no rows")
 
 
-def test_an_editing_model_is_refused_an_offline_set(offline, tiny_model):
-    fails_before_ray(
-        offline(model=tiny_model("qwen_image_edit")),
-        r"QwenImageEditTrainingAdapter .* does not have: train this model online",
-    )
+@pytest.mark.parametrize(
+    "builder, adapter",
+    [
+        pytest.param("qwen_image_edit", "QwenImageEditTrainingAdapter", id="qwen_image_edit"),
+        pytest.param("wan2_2_i2v_a14b", "Wan22I2VA14BTrainingAdapter", id="wan2_2_i2v_a14b"),
+    ],
+)
+def test_an_editing_model_is_refused_an_offline_set(offline, tiny_model, builder, adapter):
+    """A model that takes source images (an editor, the image-to-video model) has no offline preference encoder."""
+    fails_before_ray(offline(model=tiny_model(builder)), rf"{adapter} .* does not have: train this model online")
 
 
 # ---- reward endpoints -------------------------------------------------------------------------
@@ -594,12 +599,19 @@ def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, 
     assert f"actor_rollout_ref.model.path={path}" in message and allowed in message
 
 
-def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model):
-    """The A14B trains a LoRA over both experts; full fine-tuning (no full-weight sync of two experts) is refused
-    naming the key and the fix."""
-    path = tiny_model("wan2_2_a14b")
+@pytest.mark.parametrize(
+    "builder, adapter",
+    [
+        pytest.param("wan2_2_a14b", "Wan22A14BTrainingAdapter", id="wan2_2_a14b"),
+        pytest.param("wan2_2_i2v_a14b", "Wan22I2VA14BTrainingAdapter", id="wan2_2_i2v_a14b"),
+    ],
+)
+def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model, builder, adapter):
+    """The A14Bs (text- and image-to-video) train a LoRA over both experts; full fine-tuning (no full-weight sync of
+    two experts) is refused naming the key and the fix."""
+    path = tiny_model(builder)
     message = fails_before_ray(
         compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", model=path),
         re.escape("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) needs a full-weight sync"),
     )
-    assert f"Wan22A14BTrainingAdapter ({path})" in message and "train a LoRA (rank > 0)" in message
+    assert f"{adapter} ({path})" in message and "train a LoRA (rank > 0)" in message

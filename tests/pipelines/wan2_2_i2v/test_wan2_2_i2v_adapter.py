@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from verl_omni.pipelines.wan2_2.training_adapter import EXPERTS, Wan22A14BTrainingAdapter
-from verl_omni.pipelines.wan2_2_i2v.training_adapter import Wan22I2VTrainingAdapter
+from verl_omni.pipelines.wan2_2_i2v.training_adapter import Wan22I2VA14BTrainingAdapter
 
-ADAPTER = Wan22I2VTrainingAdapter
+ADAPTER = Wan22I2VA14BTrainingAdapter
 PROMPT = "a red apple rolls off a table"
 # 4 steps at shift 5: timesteps 1000, 937.5, 833.3, 625; the boundary 900 hands steps 2 and 3 to transformer_2
 STEPS, HEIGHT, WIDTH, FRAMES, WINDOW, NOISE_LEVEL, CFG = 4, 32, 64, 5, 2, 0.7, 3.5

@@ -1,6 +1,6 @@
 """vLLM-Omni Wan2.2 I2V-A14B pipeline that samples with the Flow-GRPO SDE step and records log-probs.
 
-Named by ``Wan22I2VTrainingAdapter.rollout_pipeline``; vLLM-Omni loads it as the custom pipeline of a
+Named by ``Wan22I2VA14BTrainingAdapter.rollout_pipeline``; vLLM-Omni loads it as the custom pipeline of a
 ``WanImageToVideoPipeline`` checkpoint. It keeps vLLM-Omni's transformers, VAE, first-frame condition
 (``prepare_latents``: the source image then black frames through the VAE, normalised, behind the 4-channel
 first-frame mask) and denoising loop (``diffuse``: ``cat([latents, condition])`` into the expert of the step's

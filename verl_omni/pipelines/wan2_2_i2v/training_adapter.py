@@ -22,7 +22,7 @@ from verl_omni.pipelines.wan2_2.training_adapter import Wan22A14BTrainingAdapter
 
 
 @register_model_adapter("WanImageToVideoPipeline")
-class Wan22I2VTrainingAdapter(Wan22A14BTrainingAdapter):
+class Wan22I2VA14BTrainingAdapter(Wan22A14BTrainingAdapter):
     """Training adapter for ``WanImageToVideoPipeline`` checkpoints with two experts (Wan2.2 I2V-A14B)."""
 
     rollout_pipeline = "verl_omni.pipelines.wan2_2_i2v.rollout_pipeline.Wan22I2VLogProbPipeline"
@@ -38,7 +38,7 @@ class Wan22I2VTrainingAdapter(Wan22A14BTrainingAdapter):
     max_source_images = 1
 
     @classmethod
-    def for_checkpoint(cls, model_path: str | Path) -> type[Wan22I2VTrainingAdapter]:
+    def for_checkpoint(cls, model_path: str | Path) -> type[Wan22I2VA14BTrainingAdapter]:
         """This adapter for a two-expert checkpoint; the one-transformer image-to-video checkpoints (Wan2.1's I2V with
         a CLIP image encoder, the TI2V-5B's ``expand_timesteps`` layout) condition otherwise and are refused."""
         if not (Path(model_path) / "transformer_2").is_dir():
