@@ -210,6 +210,23 @@ def test_an_editing_set_with_a_missing_source_image_names_key_file_and_row(compo
     )
 
 
+@pytest.mark.parametrize("builder", ["qwen_image_edit", "wan2_2_i2v_a14b"])
+def test_a_model_that_takes_source_images_is_refused_a_text_prompt_set(compose, tiny_model, prompts, builder):
+    """An editor or the image-to-video model given a set without the source-image column (a text prompt set) is
+    refused before Ray, naming the key, the file, the model and the fix."""
+    from verl_omni.pipelines.model_base import get_model_adapter
+
+    path = tiny_model(builder)
+    train, _ = prompts
+    frames = ("actor_rollout_ref.rollout.num_frames=5",) if builder == "wan2_2_i2v_a14b" else ()
+    message = fails_before_ray(
+        compose(*frames, model=path),
+        rf"data.train_files: {train} has no source-image column 'images' \(data.image_key\)",
+    )
+    assert f"{get_model_adapter(path).__name__} ({path}) takes 1 to 1 source images" in message
+    assert "examples/data_process/edit_prompts.py" in message
+
+
 def test_fewer_prompts_than_a_batch_is_refused(compose):
     fails_before_ray(compose("data.train_batch_size=1000"), "fewer than data.train_batch_size=1000")
 
@@ -461,6 +478,7 @@ PAIRING_MODELS = (
     "wan2_2_a14b",
     "qwen_image_edit",
     "qwen_image_edit_plus",
+    "wan2_2_i2v_a14b",
 )
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's, AWM's and
@@ -496,6 +514,7 @@ def _adapter_name(model: str) -> str:
         "wan2_2_a14b": "Wan22A14B",
         "qwen_image_edit": "QwenImageEdit",
         "qwen_image_edit_plus": "QwenImageEditPlus",
+        "wan2_2_i2v_a14b": "Wan22I2VA14B",
     }[model]
 
 
@@ -525,18 +544,32 @@ def pairing_config(tiny_qwen_image_path, prompts, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def edit_sets(tmp_path_factory):
+    """``(train, val)`` sets with a source image per row, for the models that take source images."""
+    from trainer_helpers import write_edit_prompt_files
+
+    return write_edit_prompt_files(tmp_path_factory.mktemp("edit_prompts"))
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 @pytest.mark.parametrize("model", PAIRING_MODELS)
 def test_each_algorithm_on_each_tiny_model_passes_or_is_refused_naming_both(
-    pairing_config, tiny_model, tmp_path, model, algorithm
+    pairing_config, tiny_model, edit_sets, tmp_path, model, algorithm
 ):
     """Every served pairing passes every check before Ray; an unserved one is refused naming the algorithm, the
-    adapter, the model path and the algorithms that model does serve."""
+    adapter, the model path and the algorithms that model does serve. A model that takes source images reads a set
+    with them."""
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.trainer.config.preflight import check_config, check_resources
     from verl_omni.trainer.config.validation import validate_config
 
     path = tiny_model(model)
-    config = pairing_config(path, tmp_path / "run", f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []))
+    data = []
+    if get_model_adapter(path).max_source_images:
+        data = [f"data.train_files={edit_sets[0]}", f"data.val_files={edit_sets[1]}"]
+    overrides = (f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []), *data)
+    config = pairing_config(path, tmp_path / "run", *overrides)
     if (model, algorithm) not in REFUSED_PAIRINGS:
         check_config(config)
         check_resources(config)

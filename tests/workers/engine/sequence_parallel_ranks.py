@@ -2,7 +2,7 @@
 
 ``python -m torch.distributed.run --nproc_per_node 2 sequence_parallel_ranks.py MODEL DIR OUT.pt [DEVICE [COMPUTE]]``
 
-``MODEL`` is ``wan2_2``, ``wan2_2_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
+``MODEL`` is ``wan2_2``, ``wan2_2_a14b``, ``wan2_2_i2v_a14b`` or ``qwen_image`` (a tiny checkpoint in ``DIR``). The batch (4
 samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
 each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
 gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
@@ -25,10 +25,16 @@ import torch.distributed as dist
 from tensordict import TensorDict
 
 SAMPLES, WINDOW = 4, 2
-TEXT_DIM_KEYS = {"wan2_2": "text_dim", "wan2_2_a14b": "text_dim", "qwen_image": "joint_attention_dim"}
+TEXT_DIM_KEYS = {
+    "wan2_2": "text_dim",
+    "wan2_2_a14b": "text_dim",
+    "wan2_2_i2v_a14b": "text_dim",
+    "qwen_image": "joint_attention_dim",
+}
 SIZE = {
     "wan2_2": dict(height=64, width=64, num_frames=5),
     "wan2_2_a14b": dict(height=32, width=32, num_frames=5),
+    "wan2_2_i2v_a14b": dict(height=32, width=32, num_frames=5),
     "qwen_image": dict(height=64, width=32, num_frames=1),
 }
 
@@ -63,7 +69,7 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     cells = engine.vae_scale_factor
     if name.startswith("wan2_2"):
         frames = (spec.num_frames - 1) // engine.adapter.frame_multiple + 1
-        shape = (transformer["in_channels"], frames, spec.height // cells, spec.width // cells)
+        shape = (transformer["out_channels"], frames, spec.height // cells, spec.width // cells)
     else:
         shape = ((spec.height // (2 * cells)) * (spec.width // (2 * cells)), transformer["in_channels"])
     latents = torch.randn(SAMPLES, WINDOW + 1, *shape, generator=generator)
@@ -71,6 +77,10 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     timesteps = engine.scheduler.timesteps[:WINDOW].float().expand(SAMPLES, WINDOW).clone()
     text_dim = transformer[TEXT_DIM_KEYS[name]]
     batch = {"all_latents": latents, "all_timesteps": timesteps, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0])}
+    if "image_condition" in engine.adapter.conditioning_keys:
+        # the image-to-video model's first-frame condition: the input channels beyond the latents'
+        condition = (transformer["in_channels"] - shape[0], *shape[1:])
+        batch["image_condition"] = torch.randn(SAMPLES, *condition, generator=generator)
     # prompts of 5 tokens (two rows padded to 3 and 4) and negative prompts of 3: an odd length, masked padding
     for prefix, length, kept in (("", 5, (5, 3, 5, 4)), ("negative_", 3, (3, 3, 2, 3))):
         batch[f"{prefix}prompt_embeds"] = torch.randn(SAMPLES, length, text_dim, generator=generator)

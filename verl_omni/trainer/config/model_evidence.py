@@ -258,6 +258,7 @@ MODELS: dict[str, Model] = {
                 "wan2_2_i2v_a14b",
                 shows=REFUSED,
             ),
+            "sequence_parallel": split_replay("wan2_2_i2v_a14b"),
             "source_images": source_image("wan2_2_i2v_a14b"),
             "video": rollout_engine("wan2_2_i2v_a14b"),
         },
