@@ -639,12 +639,13 @@ def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, 
         pytest.param("wan2_2_i2v_a14b", "Wan22I2VA14BTrainingAdapter", id="wan2_2_i2v_a14b"),
     ],
 )
-def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model, builder, adapter):
-    """The A14Bs (text- and image-to-video) train a LoRA over both experts; full fine-tuning (no full-weight sync of
-    two experts) is refused naming the key and the fix."""
+def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model, edit_sets, builder, adapter):
+    """The A14Bs (text- and image-to-video, the latter on a set with source images) train a LoRA over both experts;
+    full fine-tuning (no full-weight sync of two experts) is refused naming the key and the fix."""
     path = tiny_model(builder)
+    data = [f"data.train_files={edit_sets[0]}", f"data.val_files={edit_sets[1]}"] if "i2v" in builder else []
     message = fails_before_ray(
-        compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", model=path),
+        compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", *data, model=path),
         re.escape("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) needs a full-weight sync"),
     )
     assert f"{adapter} ({path})" in message and "train a LoRA (rank > 0)" in message
