@@ -49,6 +49,9 @@ ALLOWED = {
         "the tiny-model builders' command line (utils.tiny_models) builds each model package's tiny model, found "
         "by name; this named variant of Wan2.2 is built by its model package's builder, imported when it is run"
     ),
+    ("verl_omni.utils.tiny_models.wan2_2_i2v_a14b", "verl_omni.pipelines.wan2_2_i2v.tiny_model"): (
+        "the I2V-A14B's tiny model under the checkpoint's name, built by its model package's builder (as above)"
+    ),
 }
 
 TIER_OF = {layer: tier for tier, layers in enumerate(TIERS) for layer in layers}

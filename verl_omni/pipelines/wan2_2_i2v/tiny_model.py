@@ -24,7 +24,7 @@ MASK_CHANNELS = 4
 IN_CHANNELS = wan.LATENT_CHANNELS + MASK_CHANNELS + wan.LATENT_CHANNELS
 
 
-def build_i2v_a14b(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+def build_tiny_wan2_2_i2v(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
     """Write a tiny random Wan2.2 I2V-A14B to ``out_dir`` (the same seed gives the same files); loadable with
     ``WanImageToVideoPipeline.from_pretrained(out_dir)`` (sides multiples of 16, frames 4k + 1)."""
     from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline
