@@ -37,6 +37,7 @@ RECIPES = {
     "z_image": "run_z_image_ocr_lora.sh",
     "wan2_2": "run_wan2_2_5b_ocr_lora.sh",
     "wan2_2_a14b": "run_wan2_2_a14b_ocr_lora.sh",
+    "wan2_2_i2v_a14b": "run_wan2_2_i2v_a14b_vlm_judge_lora.sh",
     "qwen_image_edit": "run_qwen_image_edit_vlm_judge_lora.sh",
     "flux_kontext": "run_flux_kontext_vlm_judge_lora.sh",
 }
@@ -173,7 +174,7 @@ def test_launcher_composes_its_preset_and_passes_the_preflight(model, tiny_model
 
 # the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["qwen_image_edit", "flux_kontext"])
+@pytest.mark.parametrize("model", ["qwen_image_edit", "flux_kontext", "wan2_2_i2v_a14b"])
 def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
     model, tiny_model, edit_dir, tmp_path, monkeypatch
 ):

@@ -52,6 +52,9 @@ ALLOWED = {
     ("verl_omni.utils.tiny_models.flux2_klein_distilled", "verl_omni.pipelines.flux2_klein.tiny_model"): (
         "as for wan2_2_a14b: the step-distilled FLUX.2-klein is built by its model package's builder"
     ),
+    ("verl_omni.utils.tiny_models.wan2_2_i2v_a14b", "verl_omni.pipelines.wan2_2_i2v.tiny_model"): (
+        "the I2V-A14B's tiny model under the checkpoint's name, built by its model package's builder (as above)"
+    ),
 }
 
 TIER_OF = {layer: tier for tier, layers in enumerate(TIERS) for layer in layers}

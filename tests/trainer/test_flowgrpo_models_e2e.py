@@ -1,10 +1,11 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
 ``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
-the two-expert A14B), Qwen-Image-Edit, FLUX.1-Kontext): the same
-command with only ``actor_rollout_ref.model.path`` changed (every other default works for every model; the
-video model also samples 5 frames, the editing models read an editing set, Qwen-Image-Edit conditioning its
-source images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32² images at their own size), a subprocess of
+the two-expert A14B), Wan2.2 I2V-A14B, Qwen-Image-Edit, FLUX.1-Kontext): the same command with only
+``actor_rollout_ref.model.path`` changed (every other default works for every model; the video models also sample 5
+frames, the editing models and the image-to-video one read an editing set, Qwen-Image-Edit conditioning its source
+images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32²
+images at their own size), a subprocess of
 the real entry point on the session's Ray cluster (``ray_cluster``): 1 rollout replica + 1 actor rank,
 the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU layout; the A14B's replica is
 split over 2 workers of its own pool instead, ``MODEL_ARGS``), 2 steps, the
@@ -40,6 +41,7 @@ MODELS = (
     "z_image",
     "wan2_2",
     "wan2_2_a14b",
+    "wan2_2_i2v_a14b",
     "qwen_image_edit",
     "flux_kontext",
 )
@@ -61,10 +63,12 @@ MODEL_ARGS = {
         "actor_rollout_ref.rollout.n_gpus_per_node=2",
         "actor_rollout_ref.rollout.ulysses_sequence_parallel_size=2",
     ),
+    # the image-to-video A14B: the editing set's 32² images are the first frames
+    "wan2_2_i2v_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
-# the models whose prompts carry source images (an editing set)
-EDITING = ("qwen_image_edit", "flux_kontext")
+# the models whose prompts carry source images (an editing set; the image-to-video model's first frames)
+EDITING = ("qwen_image_edit", "flux_kontext", "wan2_2_i2v_a14b")
 # the last step of every run
 STEPS = 2
 

@@ -20,12 +20,24 @@ def prompts(tmp_path_factory):
     return ensure_tiny_prompts(tmp_path_factory.mktemp("prompts"))
 
 
+@pytest.fixture(scope="module")
+def edit_prompts(tmp_path_factory):
+    """A set with a source image per row: what a model that takes source images reads."""
+    from trainer_helpers import write_edit_prompt_files
+
+    return write_edit_prompt_files(tmp_path_factory.mktemp("edit_prompts"))
+
+
 @pytest.mark.parametrize("builder", MODEL_BUILDERS)
-def test_default_config_validates_with_only_the_model_path_changed(builder, tiny_model, prompts, tmp_path):
+def test_default_config_validates_with_only_the_model_path_changed(
+    builder, tiny_model, prompts, edit_prompts, tmp_path
+):
+    """The defaults serve every model; an editor or the image-to-video model reads a set with source images."""
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.trainer.config.validation import validate_config
     from verl_omni.utils.config import compose_config
 
-    train, val = prompts
+    train, val = edit_prompts if get_model_adapter(tiny_model(builder)).max_source_images else prompts
     config = compose_config(
         "flowgrpo_trainer",
         [

@@ -210,6 +210,23 @@ def test_an_editing_set_with_a_missing_source_image_names_key_file_and_row(compo
     )
 
 
+@pytest.mark.parametrize("builder", ["qwen_image_edit", "wan2_2_i2v_a14b"])
+def test_a_model_that_takes_source_images_is_refused_a_text_prompt_set(compose, tiny_model, prompts, builder):
+    """An editor or the image-to-video model given a set without the source-image column (a text prompt set) is
+    refused before Ray, naming the key, the file, the model and the fix."""
+    from verl_omni.pipelines.model_base import get_model_adapter
+
+    path = tiny_model(builder)
+    train, _ = prompts
+    frames = ("actor_rollout_ref.rollout.num_frames=5",) if builder == "wan2_2_i2v_a14b" else ()
+    message = fails_before_ray(
+        compose(*frames, model=path),
+        rf"data.train_files: {train} has no source-image column 'images' \(data.image_key\)",
+    )
+    assert f"{get_model_adapter(path).__name__} ({path}) takes 1 to 1 source images" in message
+    assert "examples/data_process/edit_prompts.py" in message
+
+
 def test_fewer_prompts_than_a_batch_is_refused(compose):
     fails_before_ray(compose("data.train_batch_size=1000"), "fewer than data.train_batch_size=1000")
 
@@ -294,11 +311,16 @@ def test_an_empty_preference_file_names_it(offline, tmp_path):
     fails_before_ray(offline(f"data.preference_files={empty}"), rf"data.preference_files: {empty} has no rows")
 
 
-def test_an_editing_model_is_refused_an_offline_set(offline, tiny_model):
-    fails_before_ray(
-        offline(model=tiny_model("qwen_image_edit")),
-        r"QwenImageEditTrainingAdapter .* does not have: train this model online",
-    )
+@pytest.mark.parametrize(
+    "builder, adapter",
+    [
+        pytest.param("qwen_image_edit", "QwenImageEditTrainingAdapter", id="qwen_image_edit"),
+        pytest.param("wan2_2_i2v_a14b", "Wan22I2VA14BTrainingAdapter", id="wan2_2_i2v_a14b"),
+    ],
+)
+def test_an_editing_model_is_refused_an_offline_set(offline, tiny_model, builder, adapter):
+    """A model that takes source images (an editor, the image-to-video model) has no offline preference encoder."""
+    fails_before_ray(offline(model=tiny_model(builder)), rf"{adapter} .* does not have: train this model online")
 
 
 # ---- reward endpoints -------------------------------------------------------------------------
@@ -456,6 +478,7 @@ PAIRING_MODELS = (
     "wan2_2_a14b",
     "qwen_image_edit",
     "qwen_image_edit_plus",
+    "wan2_2_i2v_a14b",
 )
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's, AWM's and
@@ -491,6 +514,7 @@ def _adapter_name(model: str) -> str:
         "wan2_2_a14b": "Wan22A14B",
         "qwen_image_edit": "QwenImageEdit",
         "qwen_image_edit_plus": "QwenImageEditPlus",
+        "wan2_2_i2v_a14b": "Wan22I2VA14B",
     }[model]
 
 
@@ -520,18 +544,32 @@ def pairing_config(tiny_qwen_image_path, prompts, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def edit_sets(tmp_path_factory):
+    """``(train, val)`` sets with a source image per row, for the models that take source images."""
+    from trainer_helpers import write_edit_prompt_files
+
+    return write_edit_prompt_files(tmp_path_factory.mktemp("edit_prompts"))
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 @pytest.mark.parametrize("model", PAIRING_MODELS)
 def test_each_algorithm_on_each_tiny_model_passes_or_is_refused_naming_both(
-    pairing_config, tiny_model, tmp_path, model, algorithm
+    pairing_config, tiny_model, edit_sets, tmp_path, model, algorithm
 ):
     """Every served pairing passes every check before Ray; an unserved one is refused naming the algorithm, the
-    adapter, the model path and the algorithms that model does serve."""
+    adapter, the model path and the algorithms that model does serve. A model that takes source images reads a set
+    with them."""
+    from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.trainer.config.preflight import check_config, check_resources
     from verl_omni.trainer.config.validation import validate_config
 
     path = tiny_model(model)
-    config = pairing_config(path, tmp_path / "run", f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []))
+    data = []
+    if get_model_adapter(path).max_source_images:
+        data = [f"data.train_files={edit_sets[0]}", f"data.val_files={edit_sets[1]}"]
+    overrides = (f"algorithm={algorithm}", *MODEL_OVERRIDES.get(model, []), *data)
+    config = pairing_config(path, tmp_path / "run", *overrides)
     if (model, algorithm) not in REFUSED_PAIRINGS:
         check_config(config)
         check_resources(config)
@@ -594,12 +632,20 @@ def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, 
     assert f"actor_rollout_ref.model.path={path}" in message and allowed in message
 
 
-def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model):
-    """The A14B trains a LoRA over both experts; full fine-tuning (no full-weight sync of two experts) is refused
-    naming the key and the fix."""
-    path = tiny_model("wan2_2_a14b")
+@pytest.mark.parametrize(
+    "builder, adapter",
+    [
+        pytest.param("wan2_2_a14b", "Wan22A14BTrainingAdapter", id="wan2_2_a14b"),
+        pytest.param("wan2_2_i2v_a14b", "Wan22I2VA14BTrainingAdapter", id="wan2_2_i2v_a14b"),
+    ],
+)
+def test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray(compose, tiny_model, edit_sets, builder, adapter):
+    """The A14Bs (text- and image-to-video, the latter on a set with source images) train a LoRA over both experts;
+    full fine-tuning (no full-weight sync of two experts) is refused naming the key and the fix."""
+    path = tiny_model(builder)
+    data = [f"data.train_files={edit_sets[0]}", f"data.val_files={edit_sets[1]}"] if "i2v" in builder else []
     message = fails_before_ray(
-        compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", model=path),
+        compose("actor_rollout_ref.rollout.num_frames=5", "actor_rollout_ref.model.lora.rank=0", *data, model=path),
         re.escape("actor_rollout_ref.model.lora.rank=0 (full fine-tuning) needs a full-weight sync"),
     )
-    assert f"Wan22A14BTrainingAdapter ({path})" in message and "train a LoRA (rank > 0)" in message
+    assert f"{adapter} ({path})" in message and "train a LoRA (rank > 0)" in message

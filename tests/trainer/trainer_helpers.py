@@ -183,7 +183,11 @@ def check_run(
 
 # per diffusers pipeline class: what it needs to draw the kind of sample the run trained on (summary check);
 # FluxKontextPipeline would sample and condition at about 1024² (max_area, auto-resize) instead of 32²
-PIPELINE_ARGS = {"WanPipeline": {"num_frames": 5}, "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False}}
+PIPELINE_ARGS = {
+    "WanPipeline": {"num_frames": 5},
+    "WanImageToVideoPipeline": {"num_frames": 5},
+    "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False},
+}
 
 
 def check_summary(run, model, steps: int) -> None:

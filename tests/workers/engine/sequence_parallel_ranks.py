@@ -4,7 +4,7 @@
 
 Each ``CASE`` is ``MODEL:COMPUTE:DIR`` and writes ``OUT_DIR/MODEL-COMPUTE.pt``; the cases run one after the other in
 one launch, because a launch is mostly its two ranks importing torch, verl and diffusers. ``MODEL`` is ``wan2_2``,
-``wan2_2_a14b``, ``qwen_image`` or ``flux2_klein`` (a tiny checkpoint in ``DIR``). The batch (4
+``wan2_2_a14b``, ``wan2_2_i2v_a14b``, ``qwen_image`` or ``flux2_klein`` (a tiny checkpoint in ``DIR``). The batch (4
 samples, a window of 2 recorded steps, true CFG, prompts of unequal lengths) is built from a seed on every rank,
 each rank given its half as the worker would. At each degree the engine replays it forward-only (the log-probs,
 gathered in rank order), then once with a loss and a backward (the LoRA gradients, unsharded), and at degree 2 saves
@@ -30,6 +30,7 @@ SAMPLES, WINDOW = 4, 2
 TEXT_DIM_KEYS = {
     "wan2_2": "text_dim",
     "wan2_2_a14b": "text_dim",
+    "wan2_2_i2v_a14b": "text_dim",
     "qwen_image": "joint_attention_dim",
     "flux2_klein": "joint_attention_dim",
 }
@@ -41,6 +42,7 @@ FIXED_TEXT_LENGTH = {"flux2_klein": 512}
 SIZE = {
     "wan2_2": dict(height=64, width=64, num_frames=5),
     "wan2_2_a14b": dict(height=32, width=32, num_frames=5),
+    "wan2_2_i2v_a14b": dict(height=32, width=32, num_frames=5),
     "qwen_image": dict(height=64, width=32, num_frames=1),
     "flux2_klein": dict(height=64, width=32, num_frames=1),
 }
@@ -76,7 +78,7 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     cells = engine.vae_scale_factor
     if name.startswith("wan2_2"):
         frames = (spec.num_frames - 1) // engine.adapter.frame_multiple + 1
-        shape = (transformer["in_channels"], frames, spec.height // cells, spec.width // cells)
+        shape = (transformer["out_channels"], frames, spec.height // cells, spec.width // cells)
     else:
         shape = ((spec.height // (2 * cells)) * (spec.width // (2 * cells)), transformer["in_channels"])
     latents = torch.randn(SAMPLES, WINDOW + 1, *shape, generator=generator)
@@ -84,6 +86,10 @@ def full_batch(name: str, model_path: str, engine, spec) -> dict[str, torch.Tens
     timesteps = engine.scheduler.timesteps[:WINDOW].float().expand(SAMPLES, WINDOW).clone()
     text_dim = transformer[TEXT_DIM_KEYS[name]]
     batch = {"all_latents": latents, "all_timesteps": timesteps, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0])}
+    if "image_condition" in engine.adapter.conditioning_keys:
+        # the image-to-video model's first-frame condition: the input channels beyond the latents'
+        condition = (transformer["in_channels"] - shape[0], *shape[1:])
+        batch["image_condition"] = torch.randn(SAMPLES, *condition, generator=generator)
     if name in FIXED_TEXT_LENGTH:
         for prefix in ("", "negative_"):
             batch[f"{prefix}prompt_embeds"] = torch.randn(

@@ -1,10 +1,10 @@
 """Ulysses sequence parallelism in the replay (``actor.ulysses_sequence_parallel_size``): two gloo ranks, fp32.
 
-The slow tests read one launch of ``sequence_parallel_ranks.py`` that runs a case per model (tiny Wan2.2 TI2V-5B and
-T2V-A14B, tiny Qwen-Image): the replay split over a group of 2 gives the log-probs and LoRA gradients of two
-data-parallel ranks, and a checkpoint saved split resumes unsplit; and one more case, the Wan2.2 T2V-A14B with FSDP2
-computing in bf16 under activation checkpointing, as on a GPU. The quick tests cover the refusals and Qwen-Image's
-text padding and mask order.
+The slow tests read one launch of ``sequence_parallel_ranks.py`` that runs a case per model (tiny Wan2.2 TI2V-5B,
+T2V-A14B and I2V-A14B, tiny Qwen-Image, tiny FLUX.2-klein): the replay split over a group of 2 gives the log-probs and
+LoRA gradients of two data-parallel ranks, and a checkpoint saved split resumes unsplit; and one more case, the Wan2.2
+T2V-A14B with FSDP2 computing in bf16 under activation checkpointing, as on a GPU. The quick tests cover the refusals
+and Qwen-Image's text padding and mask order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 # LoRA tensors a replayed window leaves without a non-zero gradient: Qwen-Image's last block's text-only ones
 # (query and output projections of a text stream whose output the model drops); the tiny A14B's low-noise expert,
 # which the window's two high-noise steps never run
-UNTRAINED = {"wan2_2": 0, "qwen_image": 4, "wan2_2_a14b": 16, "flux2_klein": 0}
+UNTRAINED = {"wan2_2": 0, "qwen_image": 4, "wan2_2_a14b": 16, "flux2_klein": 0, "wan2_2_i2v_a14b": 16}
 
 
 # the cases of the module's one launch: (model, FSDP2 compute precision); "default" is fp32 on the CPU

@@ -32,7 +32,7 @@ VAE_SCALE_FACTOR_SPATIAL = 16
 VAE_SCALE_FACTOR_TEMPORAL = 4
 
 
-def _transformer(num_layers: int = 2):
+def _transformer(num_layers: int = 2, in_channels: int = LATENT_CHANNELS):
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(
@@ -42,7 +42,7 @@ def _transformer(num_layers: int = 2):
         # d - 2·2⌊d/6⌋, 2⌊d/6⌋, 2⌊d/6⌋ and vLLM-Omni 0.26 slices them as d - 2⌊d/3⌋, ⌊d/3⌋, ⌊d/3⌋, which agree only
         # when 2⌊d/6⌋ = ⌊d/3⌋ (the released 128: 44 + 42 + 42; 16 would give 8 + 4 + 4 against 6 + 5 + 5)
         attention_head_dim=24,
-        in_channels=LATENT_CHANNELS,
+        in_channels=in_channels,
         out_channels=LATENT_CHANNELS,
         text_dim=UMT5_D_MODEL,
         freq_dim=16,

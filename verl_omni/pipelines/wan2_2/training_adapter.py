@@ -114,6 +114,12 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
         return int(latents.shape[2] * (latents.shape[3] // 2) * (latents.shape[4] // 2))
 
     @classmethod
+    def transformer_input(cls, latents: torch.Tensor, batch) -> torch.Tensor:
+        """The transformer's ``hidden_states`` at latents ``[B, C, F', h, w]``: the latents themselves in text-to-video;
+        an image-to-video model concatenates what conditions them (``verl_omni.pipelines.wan2_2_i2v``)."""
+        return latents
+
+    @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
         """Velocity ``[B, C, F', h, w]`` at recorded step ``step``; classic CFG when ``spec.uses_cfg``."""
         latents = batch["all_latents"][:, step]
@@ -121,7 +127,8 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
 
         def forward(prefix: str) -> torch.Tensor:
             text = padded_text(batch[f"{prefix}prompt_embeds"], batch[f"{prefix}prompt_embeds_mask"], latents.dtype)
-            return module(hidden_states=latents, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+            hidden = cls.transformer_input(latents, batch)
+            return module(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
 
         velocity = forward("")
         if spec.uses_cfg:

@@ -249,6 +249,7 @@ MODELS: dict[str, Model] = {
             "full_ft": EvidenceTest(
                 "tests/trainer/test_preflight.py",
                 "test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray",
+                "wan2_2_a14b",
                 shows=REFUSED,
             ),
             "sequence_parallel": split_replay("wan2_2_a14b"),
@@ -258,6 +259,27 @@ MODELS: dict[str, Model] = {
                 "Wan2.2 T2V-A14B: the LoRA replay of both experts on one H100 (2026-11-24)",
                 "the actor's LoRA replay at full size (random weights) only; no rollout on a GPU",
             ),
+        },
+    ),
+    "Wan22I2VA14BTrainingAdapter": Model(
+        "Wan2.2 I2V-A14B (two experts, one source image)",
+        {
+            "rollout": rollout_engine("wan2_2_i2v_a14b"),
+            "replay": engine_replay("wan2_2_i2v_a14b"),
+            "trainer": trainer_run("wan2_2_i2v_a14b"),
+            "lora_diffusers": EvidenceTest(
+                "tests/pipelines/wan2_2_i2v/test_wan2_2_i2v_adapter.py",
+                "test_saved_lora_loads_into_both_experts_of_diffusers_pipeline_and_changes_the_video",
+            ),
+            "full_ft": EvidenceTest(
+                "tests/trainer/test_preflight.py",
+                "test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray",
+                "wan2_2_i2v_a14b",
+                shows=REFUSED,
+            ),
+            "sequence_parallel": split_replay("wan2_2_i2v_a14b"),
+            "source_images": source_image("wan2_2_i2v_a14b"),
+            "video": rollout_engine("wan2_2_i2v_a14b"),
         },
     ),
     "QwenImageEditTrainingAdapter": Model(

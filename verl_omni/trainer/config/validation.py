@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
 from verl_omni.algorithms import (
@@ -272,6 +273,31 @@ def _check_offline_preferences(config: DictConfig, configs: RunConfigs) -> None:
             raise ValueError(f"data.preference_files (offline Diffusion-DPO) {why}")
 
 
+def _check_source_images(config: DictConfig, configs: RunConfigs) -> None:
+    """A model that takes source images (an editor, an image-to-video model) reads them from every prompt set's
+    ``data.image_key`` column: a set without one (a text prompt set) would fail each request once Ray runs."""
+    adapter = configs.model.adapter
+    if not adapter.max_source_images or OmegaConf.select(config, "data.preference_files", default=None) is not None:
+        return
+    import pyarrow.parquet as pq
+
+    image_key = str(OmegaConf.select(config, "data.image_key", default=None) or "images")
+    keys = ["data.train_files"]
+    if configs.trainer.val_before_train or configs.trainer.test_freq > 0:
+        keys.append("data.val_files")
+    for key in keys:
+        files = OmegaConf.select(config, key)
+        for file in list(files) if isinstance(files, ListConfig | list | tuple) else [files]:
+            path = Path(str(file)).expanduser()
+            # a missing or unreadable file is the preflight's to name
+            if path.is_file() and image_key not in pq.read_schema(path).names:
+                raise ValueError(
+                    f"{key}: {file} has no source-image column {image_key!r} (data.image_key), and {adapter.__name__} "
+                    f"({configs.model.path}) takes 1 to {adapter.max_source_images} source images per prompt: write "
+                    "a set with images (examples/data_process/edit_prompts.py) or set data.image_key to its column"
+                )
+
+
 def _check_device(trainer: FlowGRPOTrainerConfig) -> None:
     import torch
 
@@ -303,6 +329,7 @@ def validate_config(config: DictConfig) -> RunConfigs:
     check_model_supports(configs.algorithm_cls, configs.model.adapter, configs.model.path)
     # an offline preference run's rules first: they name the algorithm and settings it needs
     _check_offline_preferences(config, configs)
+    _check_source_images(config, configs)
     _resolve_model_defaults(config, configs)
     _check_device(configs.trainer)
     _check_reward_manager(config)

@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -35,6 +35,9 @@ MODELS = {
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # a video of 5 frames (two latent frames), two latent patches across (the rotary embedding's width positions)
     "wan2_2": {"true_cfg_scale": 4.0, "num_frames": 5, "width": 2 * W},
+    # the two experts (4 steps: timesteps 1000 and 937.5 are the high-noise expert's, 833 and 625 the other's), the
+    # source image (40x24) resized to the video's first frame
+    "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
     # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
     # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
@@ -132,7 +135,8 @@ def test_the_source_image_changes_the_edit(loop, model_engine, model_name, promp
     (a,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-a")
     (b,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-b", image=source_image(1))
     assert not torch.equal(a.diffusion_output, b.diffusion_output)
-    assert not torch.equal(a.extra_fields["image_latents"], b.extra_fields["image_latents"])
+    source_keys = [k for k in adapter.conditioning_keys if not k.startswith("prompt_embeds")]
+    assert any(not torch.equal(a.extra_fields[k], b.extra_fields[k]) for k in source_keys), source_keys
     same_prompt = torch.equal(a.extra_fields["prompt_embeds"], b.extra_fields["prompt_embeds"])
     assert same_prompt == (model_name not in IMAGE_IN_PROMPT)
     params = sampling(model_name)
@@ -191,6 +195,8 @@ LORA_LAYERS = {
     "flux2_klein_distilled": 4,
     "z_image": 8,
     "wan2_2": 12,
+    # both experts (two blocks and one)
+    "wan2_2_i2v_a14b": 18,
     "qwen_image_edit": 8,
     "qwen_image_edit_plus": 8,
     "flux_kontext": 5,

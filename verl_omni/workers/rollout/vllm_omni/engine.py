@@ -295,7 +295,10 @@ class OmniRolloutEngine:
         if negative_prompt_token_ids is not None:
             prompt["negative_prompt_token_ids"] = list(negative_prompt_token_ids)
         if image_data:
-            prompt["multi_modal_data"] = {"image": list(image_data)}
+            # one image as itself, vLLM-Omni's form for one (the stock Wan2.2 I2V pre-process refuses a list); several
+            # as a list
+            images = list(image_data)
+            prompt["multi_modal_data"] = {"image": images[0] if len(images) == 1 else images}
         if len(stage_params) > 1:
             # a thinker stage (vLLM's input processor) needs the output modality
             prompt["modalities"] = ["image"]
