@@ -46,6 +46,8 @@ def model_config(lora_rank: int = LORA_RANK, lora_alpha: int = LORA_ALPHA) -> di
     """``model_config.json`` with the released run's inference-relevant values (rank and alpha at tiny size)."""
     return {
         "data_config": {
+            "meta_data": "/path/to/dataset/meta_data.csv",
+            "data_dir": "/path/to/dataset",
             "meta_data_test": None,
             "max_frame_pixels": 200704,
             "num_frames": None,
