@@ -75,6 +75,12 @@ def test_the_scorer_returns_the_chosen_score_one_video_at_a_time(tiny_dir, video
     assert scores == pytest.approx([r[score] for r in THEIRS["one_at_a_time"]], abs=1e-5)
 
 
+def test_bfloat16_rewards_follow_float32(tiny_dir, videos):
+    """The authors' dtype: the whole model, head included, in bfloat16."""
+    scores = asyncio.run(make(tiny_dir, dtype="bfloat16", score="TA").score(ScoreBatch(videos, PROMPTS)))
+    assert scores == pytest.approx([r["TA"] for r in THEIRS["normalized"]], abs=0.05)
+
+
 def test_a_prompt_holding_a_reward_token_is_refused(tiny_dir, videos):
     with pytest.raises(ValueError, match=r"reads <\|TA_reward\|> once per sample; a text prompt that contains it"):
         make(tiny_dir).score_sync(ScoreBatch(videos[:1], ["a cat <|TA_reward|>"]))

@@ -311,6 +311,10 @@ class VideoRewardModel:
         frames = [sampled_frames(video, self.num_frames, self.max_pixels) for video in videos]
         inputs = self.processor(text=texts, videos=frames, padding=True, return_tensors="pt").to(self.device)
         ids = inputs["input_ids"]
+        at_tokens = [ids == token for token in self.reward_ids]
+        for name, at_token in zip(REWARD_TOKENS, at_tokens, strict=True):
+            if not bool((at_token.sum(dim=1) == 1).all()):
+                raise ValueError(f"VideoReward reads {name} once per sample; a text prompt that contains it is refused")
         embeds = self.model.get_input_embeddings()(ids)
         pixels = inputs["pixel_values_videos"]
         features = torch.cat(self.model.get_video_features(pixels, inputs["video_grid_thw"]).pooler_output)
@@ -318,12 +322,7 @@ class VideoRewardModel:
         embeds = embeds.masked_scatter(video_mask, features.to(embeds.dtype))
         # no position_ids: the language model numbers the tokens 0..L-1 in all three rotary sections, as VideoReward
         hidden = self.model.language_model(inputs_embeds=embeds, attention_mask=inputs["attention_mask"])[0]
-        raw = []
-        for name, token in zip(REWARD_TOKENS, self.reward_ids, strict=True):
-            at_token = ids == token
-            if not bool((at_token.sum(dim=1) == 1).all()):
-                raise ValueError(f"VideoReward reads {name} once per sample; a text prompt that contains it is refused")
-            raw.append((hidden[at_token] @ self.head.T).float()[:, 0])
+        raw = [(hidden[at_token] @ self.head.T).float()[:, 0] for at_token in at_tokens]
         out = []
         for values in torch.stack(raw, dim=1).cpu().tolist():
             scores = dict(zip(CRITERIA, values, strict=True))
