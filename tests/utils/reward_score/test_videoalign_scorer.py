@@ -121,6 +121,16 @@ def test_a_base_directory_without_the_config_names_its_key(tiny_dir, tmp_path, v
         make(tiny_dir, base_model_path=str(tmp_path)).score_sync(ScoreBatch(videos, PROMPTS))
 
 
+def test_a_run_of_another_prompt_template_is_refused_by_its_key(tiny_dir, tmp_path, videos):
+    run = json.loads(Path(tiny_dir, "model_config.json").read_text())
+    run["data_config"]["prompt_template_type"] = "simple"
+    (tmp_path / "model_config.json").write_text(json.dumps(run))
+    (tmp_path / "checkpoint-1").mkdir()
+    (tmp_path / "checkpoint-1" / "model.pth").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"data_config.prompt_template_type is 'simple'; the videoalign scorer reads"):
+        make(tmp_path, base_model_path=str(tiny_dir)).score_sync(ScoreBatch(videos, PROMPTS))
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
