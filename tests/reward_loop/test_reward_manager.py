@@ -175,6 +175,24 @@ def test_a_videos_reward_is_the_mean_of_its_frames_scored_as_images():
     assert expected[0] != pytest.approx(expected[1])
 
 
+def test_a_video_reward_models_score_reaches_the_reward_for_whole_videos(tiny_model):
+    """The tiny VideoReward (``videoalign``, a video scorer) gets each whole video, after the entry's frame_stride,
+    with the sample's prompt: the reward is its score of that video, not a mean over frames."""
+    from verl_omni.utils.reward_score.videoalign import VideoAlignParams, load_videoalign
+
+    params = {"model_path": str(tiny_model("videoalign")), "dtype": "float32", "num_frames": 2, "score": "TA"}
+    entry = {"type": "videoalign", "name": "va", "frame_stride": 2, "params": params}
+    videos = make_images(8).view(2, 4, 3, 32, 32)
+    prompts = ["a red car", "a cat near the tree"]
+    data = make_data(videos, [[{"role": "user", "content": prompts[0]}], prompts[1]])
+    out = asyncio.run(DiffusionRewardManager(make_config(scorers=[entry])).run_batch(data))
+    rewards = load_videoalign(VideoAlignParams(**params)).rewards(videos[:, ::2], prompts, normalize=True)
+    expected = [r["TA"] for r in rewards]
+    assert [o["reward_extra_info"]["reward/va"] for o in out] == pytest.approx(expected, abs=1e-6)
+    assert [o["reward_score"] for o in out] == pytest.approx(expected, abs=1e-6)
+    assert expected[0] != pytest.approx(expected[1], abs=1e-4)
+
+
 def test_audio_reaches_the_score_batch_when_the_rollout_output_has_it():
     manager = DiffusionRewardManager(make_config(scorers=[{"type": "brightness"}]))
     data = make_data(make_images(2), ["a", "b"])

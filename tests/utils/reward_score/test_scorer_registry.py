@@ -21,6 +21,7 @@ BUILT_IN = [
     "ocr",
     "pickscore",
     "temporal_consistency",
+    "videoalign",
     "vlm_judge",
 ]
 DOC = Path(__file__).resolve().parents[3] / "docs" / "guide" / "rewards.md"

@@ -26,7 +26,7 @@ TEXT_HIDDEN = 32
 PROCESSOR_MIN_PIXELS = 56 * 56
 PROCESSOR_MAX_PIXELS = 28 * 28 * 16384
 
-# Qwen2-VL's chat format for one user turn of images and text, with its default system turn
+# Qwen2-VL's chat format for one user turn of images, videos and text, with its default system turn
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
@@ -34,6 +34,7 @@ CHAT_TEMPLATE = (
     "{% if message['content'] is string %}{{ message['content'] }}"
     "{% else %}{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}"
