@@ -92,20 +92,15 @@ def published_name(name: str) -> str:
     raise KeyError(name)
 
 
-def build_tiny_hpsv3(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
-    """Write a tiny random HPSv3 directory to ``out_dir``; the same seed gives the same weights."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLModel
+def write_base_model_files(out_dir: Path) -> tuple[object, dict]:
+    """The tiny base Qwen2-VL's files in ``out_dir`` as Qwen2-VL-7B-Instruct publishes them (preprocessor_config.json,
+    the tokenizer files, chat_template.json, config.json), shared by the reward models fine-tuned from it; returns
+    the tokenizer and the config written."""
+    from transformers import Qwen2VLImageProcessor
 
-    from verl_omni.utils.tiny_models.seeded import seeded_state_dict
     from verl_omni.utils.tiny_models.tokenizer import build_qwen2_tokenizer
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = build_qwen2_tokenizer()
-    # the base model's processor files as Qwen2-VL-7B-Instruct publishes them (HPSv3 adds <|Reward|> itself and
-    # resizes the embedding to match): preprocessor_config.json, the tokenizer files, chat_template.json
     Qwen2VLImageProcessor(min_pixels=PROCESSOR_MIN_PIXELS, max_pixels=PROCESSOR_MAX_PIXELS).save_pretrained(out_dir)
     # older transformers read the bounds from these two keys, as the released file has them
     preprocessor = json.loads((out_dir / "preprocessor_config.json").read_text())
@@ -115,6 +110,21 @@ def build_tiny_hpsv3(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Pa
     (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2))
     config = tiny_config(tokenizer)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return tokenizer, config
+
+
+def build_tiny_hpsv3(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a tiny random HPSv3 directory to ``out_dir``; the same seed gives the same weights."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen2VLConfig, Qwen2VLModel
+
+    from verl_omni.utils.tiny_models.seeded import seeded_state_dict
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # HPSv3 adds <|Reward|> itself and resizes the embedding to match
+    tokenizer, config = write_base_model_files(out_dir)
 
     with torch.device("meta"):
         model = Qwen2VLModel(Qwen2VLConfig(**config))

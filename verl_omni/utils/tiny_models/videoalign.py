@@ -101,31 +101,15 @@ def peft_shapes(shapes: dict[str, tuple], rank: int) -> dict[str, tuple]:
 def build_tiny_videoalign(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
     """Write a tiny random VideoReward directory to ``out_dir``; the same seed gives the same weights."""
     import torch
-    from transformers import Qwen2VLConfig, Qwen2VLImageProcessor, Qwen2VLModel
+    from transformers import Qwen2VLConfig, Qwen2VLModel
 
-    from verl_omni.utils.tiny_models.hpsv3 import (
-        CHAT_TEMPLATE,
-        PROCESSOR_MAX_PIXELS,
-        PROCESSOR_MIN_PIXELS,
-        TEXT_HIDDEN,
-        published_name,
-        tiny_config,
-    )
+    from verl_omni.utils.tiny_models.hpsv3 import TEXT_HIDDEN, published_name, write_base_model_files
     from verl_omni.utils.tiny_models.seeded import seeded_state_dict
-    from verl_omni.utils.tiny_models.tokenizer import build_qwen2_tokenizer
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_qwen2_tokenizer()
-    # the base model's processor files (VideoReward's code adds the three reward tokens itself)
-    Qwen2VLImageProcessor(min_pixels=PROCESSOR_MIN_PIXELS, max_pixels=PROCESSOR_MAX_PIXELS).save_pretrained(out_dir)
-    preprocessor = json.loads((out_dir / "preprocessor_config.json").read_text())
-    preprocessor.update(min_pixels=PROCESSOR_MIN_PIXELS, max_pixels=PROCESSOR_MAX_PIXELS)
-    (out_dir / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2))
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "chat_template.json").write_text(json.dumps({"chat_template": CHAT_TEMPLATE}, indent=2))
-    config = tiny_config(tokenizer)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    # the base model's files (VideoReward's code adds the three reward tokens itself)
+    tokenizer, config = write_base_model_files(out_dir)
     (out_dir / "model_config.json").write_text(json.dumps(model_config(), indent=2))
 
     with torch.device("meta"):
