@@ -152,6 +152,8 @@ class Wan22A14BTrainingAdapter(Wan22TrainingAdapter):
     # the released T2V-A14B's model_index.json
     boundary_ratio = 0.875
     default_true_cfg_scale = 4.0
+    # the released A14B configs' sample_fps (the TI2V-5B's is 24): what the validation mp4s play at
+    video_fps = 16
     lora_components = EXPERTS
     # the full-weight sync sends one component's tensors: the experts' LoRA only (full fine-tuning is refused)
     rollout_weight_prefix = None

@@ -31,8 +31,6 @@ class Wan22I2VA14BTrainingAdapter(Wan22A14BTrainingAdapter):
     boundary_ratio = 0.9
     # the released config's sample_guide_scale (3.5, 3.5): one scale serves both experts
     default_true_cfg_scale = 3.5
-    # the released config's sample_fps
-    video_fps = 16
     conditioning_keys = Wan22TrainingAdapter.conditioning_keys + ("image_condition",)
     # the first frame: one source image per prompt row (data.image_key)
     max_source_images = 1
