@@ -29,7 +29,6 @@ and processor files (Qwen/Qwen2-VL-7B-Instruct; its weights are not read, the HP
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ from verl.base_config import BaseConfig
 
 from verl_omni.utils.reward_score.base import ScoreBatch, ThreadedScorer
 from verl_omni.utils.reward_score.local_files import require_dir, require_file
+from verl_omni.utils.reward_score.qwen2_vl_reward import build_model, hidden_states, load_processor, media_size
 from verl_omni.utils.reward_score.registry import register_scorer
 
 logger = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ CHECKPOINT_FILE = "HPSv3.safetensors"
 REWARD_TOKEN = "<|Reward|>"
 # every image is resized to about this many pixels (the authors' lower and upper bound are both this count)
 IMAGE_PIXELS = 256 * 28 * 28
-IMAGE_FACTOR = 28
-MAX_ASPECT_RATIO = 200
 HEAD_LAYERS = (0, 3, 5)  # indices of the head's linear layers in the published file (ReLU, Dropout between)
 DTYPES = ("float32", "bfloat16", "float16")
 CHECKPOINT_WHAT = f"HPSv3's {CHECKPOINT_FILE} (MizzenAI/HPSv3 on the Hugging Face Hub)"
@@ -111,22 +109,10 @@ class HpsV3Params(BaseConfig):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
 
-def resized_size(height: int, width: int, pixels: int = IMAGE_PIXELS, factor: int = IMAGE_FACTOR) -> tuple[int, int]:
-    """``(height, width)`` that HPSv3 resizes an image to: multiples of ``factor`` whose product is close to
-    ``pixels`` (the nearest multiples, scaled down by flooring when above it, up by ceiling when below)."""
-    if max(height, width) > MAX_ASPECT_RATIO * min(height, width):
-        raise ValueError(f"HPSv3 takes images with an aspect ratio up to {MAX_ASPECT_RATIO}, got {height}x{width}")
-    new_h = max(factor, round(height / factor) * factor)
-    new_w = max(factor, round(width / factor) * factor)
-    if new_h * new_w > pixels:
-        shrink = math.sqrt(height * width / pixels)
-        new_h = math.floor(height / shrink / factor) * factor
-        new_w = math.floor(width / shrink / factor) * factor
-    elif new_h * new_w < pixels:
-        grow = math.sqrt(pixels / (height * width))
-        new_h = math.ceil(height * grow / factor) * factor
-        new_w = math.ceil(width * grow / factor) * factor
-    return new_h, new_w
+def resized_size(height: int, width: int) -> tuple[int, int]:
+    """``(height, width)`` that HPSv3 resizes an image to: Qwen2-VL's sizing with both pixel bounds at
+    :data:`IMAGE_PIXELS` (the nearest multiples of 28 whose product is close to it)."""
+    return media_size(height, width, IMAGE_PIXELS, IMAGE_PIXELS, "HPSv3 takes images")
 
 
 def to_pil_resized(image: torch.Tensor):
@@ -143,8 +129,6 @@ class HpsV3Model:
 
     def __init__(self, params: HpsV3Params):
         from safetensors.torch import load_file
-        from transformers import AutoProcessor, Qwen2VLConfig, Qwen2VLModel
-        from transformers.initialization import no_init_weights
 
         model_dir = require_dir(params.model_path, "model_path", CHECKPOINT_WHAT)
         checkpoint = require_file(model_dir, params.checkpoint_file, "model_path", CHECKPOINT_WHAT)
@@ -153,11 +137,8 @@ class HpsV3Model:
         require_file(base_dir, "config.json", base_key, BASE_WHAT)
         logger.info("loading HPSv3 scorer from %s (base %s) on %s", checkpoint, base_dir, params.device)
 
-        self.processor = AutoProcessor.from_pretrained(base_dir)
+        self.processor, (self.reward_id,) = load_processor(base_dir, [REWARD_TOKEN])
         tokenizer = self.processor.tokenizer
-        tokenizer.padding_side = "right"
-        tokenizer.add_special_tokens({"additional_special_tokens": [REWARD_TOKEN]})
-        self.reward_id = tokenizer.convert_tokens_to_ids(REWARD_TOKEN)
 
         state = load_file(checkpoint)
         head_state = {k.removeprefix("rm_head."): v for k, v in state.items() if k.startswith("rm_head.")}
@@ -171,14 +152,8 @@ class HpsV3Model:
                 f"{checkpoint} embeds {vocab} tokens but the tokenizer at {base_key}={base_dir!r} has {len(tokenizer)} "
                 f"with {REWARD_TOKEN}: {base_key} must hold {BASE_WHAT}"
             )
-        config = Qwen2VLConfig.from_pretrained(base_dir)
-        config.text_config.vocab_size = vocab
-        self.image_token_id = config.image_token_id
-        dtype = getattr(torch, params.dtype)
-        with no_init_weights(), torch.device(params.device):
-            self.model = Qwen2VLModel._from_config(config, dtype=dtype)
-        self.model.load_state_dict(_model_state(state), strict=True)
-        self.model.eval()
+        self.model = build_model(base_dir, _model_state(state), params.device, params.dtype)
+        self.image_token_id = self.model.config.image_token_id
         self.head = _head(head_state).to(params.device).eval()
         self.device = params.device
 
@@ -196,13 +171,9 @@ class HpsV3Model:
         pil_images = [to_pil_resized(image) for image in images]
         inputs = self.processor(text=texts, images=pil_images, padding=True, return_tensors="pt").to(self.device)
         ids = inputs["input_ids"]
-        embeds = self.model.get_input_embeddings()(ids)
         pixels = inputs["pixel_values"].to(self.model.visual.dtype)
-        features = torch.cat(self.model.get_image_features(pixels, inputs["image_grid_thw"]).pooler_output)
-        image_mask = (ids == self.image_token_id).unsqueeze(-1).expand_as(embeds)
-        embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
-        # no position_ids: the language model numbers the tokens 0..L-1 in all three rotary sections, as HPSv3 does
-        hidden = self.model.language_model(inputs_embeds=embeds, attention_mask=inputs["attention_mask"])[0]
+        features = self.model.get_image_features(pixels, inputs["image_grid_thw"]).pooler_output
+        hidden = hidden_states(self.model, ids, inputs["attention_mask"], self.image_token_id, features)
         at_reward = ids == self.reward_id
         if not bool((at_reward.sum(dim=1) == 1).all()):
             raise ValueError(f"every HPSv3 prompt must hold one {REWARD_TOKEN} token; a prompt holds it elsewhere")

@@ -49,6 +49,7 @@ from verl.base_config import BaseConfig
 
 from verl_omni.utils.reward_score.base import ScoreBatch, ThreadedScorer
 from verl_omni.utils.reward_score.local_files import require_dir, require_file
+from verl_omni.utils.reward_score.qwen2_vl_reward import build_model, hidden_states, load_processor, media_size
 from verl_omni.utils.reward_score.registry import register_scorer
 
 logger = logging.getLogger(__name__)
@@ -58,9 +59,7 @@ CHECKPOINT_FILE = "model.pth"
 CRITERIA = ("VQ", "MQ", "TA")
 SCORES = (*CRITERIA, "overall")
 REWARD_TOKENS = tuple(f"<|{k}_reward|>" for k in CRITERIA)
-FRAME_FACTOR = 28
 MIN_FRAME_PIXELS = 128 * 28 * 28
-MAX_ASPECT_RATIO = 200
 DTYPES = ("float32", "bfloat16", "float16")
 CHECKPOINT_WHAT = "VideoReward's model_config.json and checkpoint-<step>/model.pth (KwaiVGI/VideoReward)"
 BASE_WHAT = "the base model's config.json and processor files (Qwen/Qwen2-VL-2B-Instruct)"
@@ -164,24 +163,8 @@ def frame_indices(total: int, wanted: int) -> list[int]:
 
 
 def frame_size(height: int, width: int, max_pixels: int, min_pixels: int = MIN_FRAME_PIXELS) -> tuple[int, int]:
-    """``(height, width)`` a frame is resized to: multiples of 28, pixel count in ``[min_pixels, max_pixels]``,
-    aspect ratio kept (scaled down by flooring when above the bound, up by ceiling when below)."""
-    if max(height, width) > MAX_ASPECT_RATIO * min(height, width):
-        raise ValueError(
-            f"VideoReward takes frames with an aspect ratio up to {MAX_ASPECT_RATIO}, got {height}x{width}"
-        )
-    factor = FRAME_FACTOR
-    new_h = max(factor, round(height / factor) * factor)
-    new_w = max(factor, round(width / factor) * factor)
-    if new_h * new_w > max_pixels:
-        shrink = math.sqrt(height * width / max_pixels)
-        new_h = math.floor(height / shrink / factor) * factor
-        new_w = math.floor(width / shrink / factor) * factor
-    elif new_h * new_w < min_pixels:
-        grow = math.sqrt(min_pixels / (height * width))
-        new_h = math.ceil(height * grow / factor) * factor
-        new_w = math.ceil(width * grow / factor) * factor
-    return new_h, new_w
+    """``(height, width)`` a frame is resized to: Qwen2-VL's sizing, pixel count in ``[min_pixels, max_pixels]``."""
+    return media_size(height, width, min_pixels, max_pixels, "VideoReward takes frames")
 
 
 def sampled_frames(video: torch.Tensor, num_frames: int, max_pixels: int) -> torch.Tensor:
@@ -255,9 +238,6 @@ class VideoRewardModel:
     """Qwen2-VL (transformers' ``Qwen2VLModel``, LoRA merged), the reward head and the processor, from local files."""
 
     def __init__(self, params: VideoAlignParams):
-        from transformers import AutoProcessor, Qwen2VLConfig, Qwen2VLModel
-        from transformers.initialization import no_init_weights
-
         model_dir = require_dir(params.model_path, "model_path", CHECKPOINT_WHAT)
         config_path = require_file(model_dir, CONFIG_FILE, "model_path", CHECKPOINT_WHAT)
         checkpoint = latest_checkpoint(model_dir, params.checkpoint_step)
@@ -271,11 +251,8 @@ class VideoRewardModel:
         self.normalization = run.get("inference_config")
         logger.info("loading VideoReward scorer from %s (base %s) on %s", checkpoint, base_dir, params.device)
 
-        self.processor = AutoProcessor.from_pretrained(base_dir)
+        self.processor, self.reward_ids = load_processor(base_dir, list(REWARD_TOKENS))
         tokenizer = self.processor.tokenizer
-        tokenizer.padding_side = "right"
-        tokenizer.add_special_tokens({"additional_special_tokens": list(REWARD_TOKENS)})
-        self.reward_ids = tokenizer.convert_tokens_to_ids(list(REWARD_TOKENS))
 
         raw = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
         state, head = merged_state(raw, run.get("peft_lora_config", {"lora_r": 1, "lora_alpha": 0}))
@@ -285,15 +262,9 @@ class VideoRewardModel:
                 f"{checkpoint} embeds {vocab} tokens but the tokenizer at {base_key}={base_dir!r} has {len(tokenizer)} "
                 f"with the three reward tokens: {base_key} must hold {BASE_WHAT}"
             )
-        config = Qwen2VLConfig.from_pretrained(base_dir)
-        config.text_config.vocab_size = vocab
-        self.video_token_id = config.video_token_id
-        dtype = getattr(torch, params.dtype)
-        with no_init_weights(), torch.device(params.device):
-            self.model = Qwen2VLModel._from_config(config, dtype=dtype)
-        self.model.load_state_dict(state, strict=True)
-        self.model.eval()
-        self.head = head.to(params.device, dtype)
+        self.model = build_model(base_dir, state, params.device, params.dtype)
+        self.video_token_id = self.model.config.video_token_id
+        self.head = head.to(params.device, getattr(torch, params.dtype))
         self.num_frames = params.num_frames
         self.device = params.device
 
@@ -315,13 +286,8 @@ class VideoRewardModel:
         for name, at_token in zip(REWARD_TOKENS, at_tokens, strict=True):
             if not bool((at_token.sum(dim=1) == 1).all()):
                 raise ValueError(f"VideoReward reads {name} once per sample; a text prompt that contains it is refused")
-        embeds = self.model.get_input_embeddings()(ids)
-        pixels = inputs["pixel_values_videos"]
-        features = torch.cat(self.model.get_video_features(pixels, inputs["video_grid_thw"]).pooler_output)
-        video_mask = (ids == self.video_token_id).unsqueeze(-1).expand_as(embeds)
-        embeds = embeds.masked_scatter(video_mask, features.to(embeds.dtype))
-        # no position_ids: the language model numbers the tokens 0..L-1 in all three rotary sections, as VideoReward
-        hidden = self.model.language_model(inputs_embeds=embeds, attention_mask=inputs["attention_mask"])[0]
+        features = self.model.get_video_features(inputs["pixel_values_videos"], inputs["video_grid_thw"]).pooler_output
+        hidden = hidden_states(self.model, ids, inputs["attention_mask"], self.video_token_id, features)
         raw = [(hidden[at_token] @ self.head.T).float()[:, 0] for at_token in at_tokens]
         out = []
         for values in torch.stack(raw, dim=1).cpu().tolist():
