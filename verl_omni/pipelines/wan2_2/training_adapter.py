@@ -124,10 +124,10 @@ class Wan22TrainingAdapter(DiffusersFlowMatchAdapter):
         """Velocity ``[B, C, F', h, w]`` at recorded step ``step``; classic CFG when ``spec.uses_cfg``."""
         latents = batch["all_latents"][:, step]
         timestep = batch["all_timesteps"][:, step].to(latents.dtype)
+        hidden = cls.transformer_input(latents, batch)  # once for both CFG passes
 
         def forward(prefix: str) -> torch.Tensor:
             text = padded_text(batch[f"{prefix}prompt_embeds"], batch[f"{prefix}prompt_embeds_mask"], latents.dtype)
-            hidden = cls.transformer_input(latents, batch)
             return module(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
 
         velocity = forward("")
