@@ -69,6 +69,19 @@ def no_leaked_environment():
             os.environ[key] = value
 
 
+@pytest.fixture(autouse=True)
+def no_process_group_left_in_the_dtensor_cache():
+    """After each test, this thread's DTensor sharding-propagation cache is emptied: its entries hold the meshes, and
+    with them the gloo process groups, of a test's FSDP2 work. A group destroyed by its fixture but still held there
+    was freed later inside a forked engine worker of this process (an in-process engine's), whose fork had none of
+    the group's threads: the worker hung in ``~ProcessGroupGloo`` (seen once in the full suite, ``py-spy``). Only
+    tests share a process between FSDP2 and an engine; the trainer's engines live in processes without a group."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch._C, "_clear_DTensor_sharding_propagator_cache"):
+        torch._C._clear_DTensor_sharding_propagator_cache()
+
+
 @pytest.fixture(scope="session")
 def fresh_python():
     """``run(code) -> stdout``: code in a new interpreter, as a Ray or engine worker starts; fails with its stderr."""
