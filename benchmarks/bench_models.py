@@ -1,5 +1,5 @@
-"""The models ``model_throughput.py`` benchmarks: what differs between SD3.5, Wan2.2 (TI2V-5B, T2V-A14B) and
-Qwen-Image-Edit.
+"""The models ``model_throughput.py`` benchmarks: what differs between SD3.5, FLUX.2-klein, Wan2.2 (TI2V-5B, T2V-A14B,
+I2V-A14B) and Qwen-Image-Edit.
 
 One :class:`BenchModel` per model: its tiny builder and full-size random-weight directory, the two engines'
 pipelines (ours and vLLM-Omni's stock one, both on random weights at full size), the sampling of the
@@ -41,6 +41,8 @@ class BenchModel:
     tiny: dict
     lora: tuple[int, int] | None = None  # the recipe's LoRA (rank, alpha); None: no replay part
     rollout: bool = True  # False: no rollout part (the A14B: two 28 GB experts in the engine are not benchmarked)
+    # False: the stock engine does not start on this vLLM-Omni (the reason at the model's entry); ours is timed alone
+    stock_starts: bool = True
     # the replay's experts (A14B): one row per expert and micro-batch, each at a recorded step that expert sampled
     experts: tuple[str, ...] = ()
     # negative prompt text sent with CFG (None: none sent, the pipelines' empty negative prompt)
@@ -63,6 +65,7 @@ class BenchModel:
             "sd3": (rw.SD3_LOG_PROB_PIPELINE, rw.SD3_STOCK_PIPELINE),
             "wan2_2": (rw.WAN_LOG_PROB_PIPELINE, rw.WAN_STOCK_PIPELINE),
             "qwen_image_edit": (rw.EDIT_LOG_PROB_PIPELINE, rw.EDIT_STOCK_PIPELINE),
+            "flux2_klein": (rw.FLUX2_KLEIN_LOG_PROB_PIPELINE, rw.FLUX2_KLEIN_STOCK_PIPELINE),
         }[self.name]
 
     def write_full_size_dir(self, out: Path) -> Path:
@@ -72,6 +75,8 @@ class BenchModel:
             return rw.write_full_size_sd3_dir(out)
         if self.name.startswith("wan2_2"):
             return rw.write_full_size_wan_dir(out, builder=self.builder)
+        if self.name == "flux2_klein":
+            return rw.write_full_size_flux2_klein_dir(out, builder=self.builder)
         return rw.write_full_size_model_dir(out, builder=self.builder)
 
     def images(self) -> list | None:
@@ -163,6 +168,34 @@ MODELS = {
         rollout=False,
         experts=("transformer", "transformer_2"),
     ),
+    # the Wan2.2 I2V-A14B launcher (examples/flowgrpo_trainer/run_wan2_2_i2v_a14b_vlm_judge_lora.sh): CFG 3.5, LoRA rank
+    # 64 / alpha 128; the A14B's 832×480 shape at 33 frames (the launcher's 81: --frames 81); replay only, both experts
+    # resident, each sample's recorded source-image condition joined to its latents
+    "wan2_2_i2v_a14b": BenchModel(
+        name="wan2_2_i2v_a14b",
+        builder="wan2_2_i2v_a14b",
+        adapter="verl_omni.pipelines.wan2_2_i2v.training_adapter:Wan22I2VA14BTrainingAdapter",
+        cfg=3.5,
+        full=WAN_FULL,
+        tiny=WAN_TINY,
+        lora=(64, 128),
+        rollout=False,
+        experts=("transformer", "transformer_2"),
+    ),
+    # the FLUX.2-klein 4B launcher (examples/flowgrpo_trainer/run_flux2_klein_4b_ocr_lora.sh): the step-distilled
+    # checkpoint, 512², 4 steps, no CFG, LoRA rank 64 / alpha 128. Stock vLLM-Omni 0.26 does not start a klein
+    # engine: its start-up warm-up sends the edit path a blank image, whose position ids it appends twice (the
+    # models guide, "FLUX.2-klein"); ours is timed alone
+    "flux2_klein": BenchModel(
+        name="flux2_klein",
+        builder="flux2_klein_distilled",
+        adapter="verl_omni.pipelines.flux2_klein.training_adapter:Flux2KleinDistilledTrainingAdapter",
+        cfg=1.0,
+        full={"height": 512, "width": 512, "frames": 1, "steps": 4, "n": 16, "micro_batches": [4, 8, 16]},
+        tiny={"height": 32, "width": 32, "frames": 1, "steps": 2, "n": 2, "micro_batches": [1, 2]},
+        lora=(64, 128),
+        stock_starts=False,
+    ),
     # the Qwen-Image-Edit launcher's sampling (true CFG 4 with the " " negative prompt); one 3:2 source image,
     # conditioned by both engines at the stock 1024² area (full size) or at 96×64 (the smoke mode: at 1024² the
     # tiny model's every step attends over ~16k source-image tokens, ~11 s a step on 2 CPU cores); rollout only
@@ -196,6 +229,8 @@ FULL_SIZE_TRANSFORMER = {
     "sd3": ("SD3Transformer2DModel", "SD35_MEDIUM_TRANSFORMER"),
     "wan2_2": ("WanTransformer3DModel", "WAN22_TI2V_5B_TRANSFORMER"),
     "wan2_2_a14b": ("WanTransformer3DModel", "WAN22_T2V_A14B_TRANSFORMER"),
+    "wan2_2_i2v_a14b": ("WanTransformer3DModel", "WAN22_I2V_A14B_TRANSFORMER"),
+    "flux2_klein": ("Flux2Transformer2DModel", "FLUX2_KLEIN_4B_TRANSFORMER"),
 }
 
 
@@ -276,11 +311,25 @@ def replay_batch_fn(model: BenchModel, args, expert: str | None = None):
         fields["all_timesteps"] = scheduler.timesteps[:1].expand(batch, 1).to(device)
         return fields
 
+    def flux2(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
+        # packed tokens [S, 4C]: one per 2×2 latent cells
+        cells = (spec.height // (2 * vae_scale_factor)) * (spec.width // (2 * vae_scale_factor))
+        prepare_scheduler(adapter, scheduler, spec, cells)
+        config = module.config
+        fields = {
+            "all_latents": torch.randn(batch, 2, cells, config.in_channels, device=device),
+            "all_timesteps": scheduler.timesteps[:1].expand(batch, 1).to(device),
+            "prompt_embeds": torch.randn(batch, text_len, config.joint_attention_dim, device=device),
+        }
+        if spec.uses_cfg:
+            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
+        return fields
+
     def wan(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
         # latents [C, F', h, w]: F' = (F - 1)/4 + 1 latent frames, h = H/s, w = W/s (s: 16 for TI2V-5B, 8 for A14B)
         config = module.transformer.config if expert else module.config
         shape = (
-            config.in_channels,
+            config.out_channels,
             (spec.num_frames - 1) // adapter.frame_multiple + 1,
             spec.height // vae_scale_factor,
             spec.width // vae_scale_factor,
@@ -300,13 +349,17 @@ def replay_batch_fn(model: BenchModel, args, expert: str | None = None):
         if spec.uses_cfg:
             fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
             fields["negative_prompt_embeds_mask"] = fields["prompt_embeds_mask"].clone()
+        if "image_condition" in adapter.conditioning_keys:
+            # image-to-video: the source image's mask and latent channels, joined to the latents' before the blocks
+            fields["image_condition"] = torch.randn(batch, config.in_channels - shape[0], *shape[1:], device=device)
         return fields
 
-    return {"sd3": sd3, "wan2_2": wan, "wan2_2_a14b": wan}[model.name]
+    return {"sd3": sd3, "flux2_klein": flux2, "wan2_2": wan, "wan2_2_a14b": wan, "wan2_2_i2v_a14b": wan}[model.name]
 
 
-# prompt tokens of a replayed sample: SD3's CLIP 77 + T5 256 (the rollout pipeline's max_sequence_length); Wan's
+# prompt tokens of a replayed sample: SD3's CLIP 77 + T5 256 (the rollout pipeline's max_sequence_length); FLUX.2's
+# templated prompt padded to 512; Wan's
 # real UMT5 tokens of a short prompt (the adapter pads them to 512 with zeros, so the attention cost is the 512's)
-REPLAY_TEXT_LEN = {"sd3": 77 + 256, "wan2_2": 32, "wan2_2_a14b": 32}
+REPLAY_TEXT_LEN = {"sd3": 77 + 256, "wan2_2": 32, "wan2_2_a14b": 32, "wan2_2_i2v_a14b": 32, "flux2_klein": 512}
 # pixels per latent cell at full size (the tiny models read theirs from the VAE config; the A14B's Wan2.1 VAE: 8)
-FULL_SIZE_VAE_SCALE = {"sd3": 8, "wan2_2": 16, "wan2_2_a14b": 8}
+FULL_SIZE_VAE_SCALE = {"sd3": 8, "wan2_2": 16, "wan2_2_a14b": 8, "wan2_2_i2v_a14b": 8, "flux2_klein": 8}

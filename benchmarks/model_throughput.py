@@ -1,7 +1,8 @@
 """One model on one device: our rollout pipeline vs stock vLLM-Omni's, and the actor's LoRA replay.
 
-``--model``: ``sd3`` (SD3.5 Medium), ``wan2_2`` (Wan2.2 TI2V-5B text-to-video), ``wan2_2_a14b`` (Wan2.2 T2V-A14B,
-replay only) or ``qwen_image_edit`` (rollout only); what differs between them is in ``bench_models.py``. One run,
+``--model``: ``sd3`` (SD3.5 Medium), ``flux2_klein`` (FLUX.2-klein 4B, step-distilled; stock vLLM-Omni 0.26 does
+not start it, so ours is timed alone), ``wan2_2`` (Wan2.2 TI2V-5B text-to-video), ``wan2_2_a14b`` /
+``wan2_2_i2v_a14b`` (Wan2.2 T2V-A14B / I2V-A14B, replay only) or ``qwen_image_edit`` (rollout only); what differs between them is in ``bench_models.py``. One run,
 two parts:
 
 * **rollout**: N samples of one prompt per request at the model's recipe sampling (SD3.5: 512², 10 steps,
@@ -280,21 +281,24 @@ def rollout_part(args, model_path: Path) -> dict:
     with condition_area(args):
         for degree in args.ulysses:
             ours = asyncio.run(time_ours(args, model_path, ours_pipeline, degree))
-            stock = asyncio.run(time_stock(args, model_path, stock_pipeline, degree))
-            row = {"ulysses_degree": degree, "ours_per_s": args.n / ours, "stock_per_s": args.n / stock}
-            row |= {"ratio_ours_to_stock": stock / ours, "ours_request_s": ours, "stock_request_s": stock}
+            row = {"ulysses_degree": degree, "ours_per_s": args.n / ours, "ours_request_s": ours}
+            if MODELS[args.model].stock_starts:
+                stock = asyncio.run(time_stock(args, model_path, stock_pipeline, degree))
+                row |= {"stock_per_s": args.n / stock, "ratio_ours_to_stock": stock / ours, "stock_request_s": stock}
             if rows:
                 base = rows[0]
                 per_gpu = row["ours_per_s"] / degree / (base["ours_per_s"] / base["ulysses_degree"])
                 row["ours_speedup"], row["ours_per_gpu_vs_first"] = row["ours_per_s"] / base["ours_per_s"], per_gpu
             rows.append(row)
+            stock = "not started (see bench_models)"
+            if "stock_per_s" in row:
+                stock = f"{row['stock_per_s']:.4g}/s, ours/stock {row['ratio_ours_to_stock']:.4f}"
             logger.info(
-                "rollout, %d samples of one prompt, ulysses %d: ours %.4g/s, stock %.4g/s, ours/stock %.4f",
+                "rollout, %d samples of one prompt, ulysses %d: ours %.4g/s, stock %s",
                 args.n,
                 degree,
                 row["ours_per_s"],
-                row["stock_per_s"],
-                row["ratio_ours_to_stock"],
+                stock,
             )
     # one degree: its row is the result, as before the split was timed
     result = rows[0] if len(rows) == 1 else {"rows": rows}

@@ -1,4 +1,5 @@
-"""Full-size Qwen-Image (-Edit), SD3.5 Medium and Wan2.2 (TI2V-5B, T2V-A14B), random weights, no weight file.
+"""Full-size Qwen-Image (-Edit), SD3.5 Medium, FLUX.2-klein 4B and Wan2.2 (TI2V-5B, T2V-A14B, I2V-A14B), random
+weights, no weight file.
 
 FLOPs do not depend on the weights, and writing the 20 B transformer (~40 GB in bf16) to disk
 would cost minutes on every GPU machine. So the benchmark directory holds the transformer's
@@ -19,11 +20,13 @@ import math
 from pathlib import Path
 
 import torch
+from vllm_omni.diffusion.models.flux2_klein.pipeline_flux2_klein import Flux2KleinPipeline
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import QwenImageEditPipeline
 from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
 from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline
 
+from verl_omni.pipelines.flux2_klein.rollout_pipeline import Flux2KleinLogProbPipeline
 from verl_omni.pipelines.qwen_image.rollout_pipeline import QwenImageLogProbPipeline
 from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import QwenImageEditLogProbPipeline
 from verl_omni.pipelines.sd3.rollout_pipeline import SD3LogProbPipeline
@@ -37,6 +40,8 @@ WAN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbWan22Pipeline"
 WAN_STOCK_PIPELINE = "random_weights.RandomStockWan22Pipeline"
 EDIT_LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImageEditPipeline"
 EDIT_STOCK_PIPELINE = "random_weights.RandomStockQwenImageEditPipeline"
+FLUX2_KLEIN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbFlux2KleinPipeline"
+FLUX2_KLEIN_STOCK_PIPELINE = "random_weights.RandomStockFlux2KleinPipeline"
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json: the MMDiT-X of 24 blocks, 24 heads of 64,
 # dual attention in blocks 0-12, RMS q/k norm (joint_attention_dim 4096 and pooled 2048 are the released text
 # widths; the random benchmark directory swaps in the tiny text encoders' widths)
@@ -99,10 +104,29 @@ WAN22_T2V_A14B_TRANSFORMER = {
     "ffn_dim": 13824,
     "num_layers": 40,
 }
+# Wan2.2 I2V-A14B's experts: the T2V-A14B transformer taking 36 channels in (16 noisy latent channels, then the
+# source image's 4 mask and 16 latent channels; the authors' wan/configs/wan_i2v_A14B.py), no image embedder
+WAN22_I2V_A14B_TRANSFORMER = {**WAN22_T2V_A14B_TRANSFORMER, "in_channels": 36}
 # the full-size transformer config of each Wan builder and the components it fills
 WAN_FULL_SIZE = {
     "wan2_2": (WAN22_TI2V_5B_TRANSFORMER, ("transformer",)),
     "wan2_2_a14b": (WAN22_T2V_A14B_TRANSFORMER, ("transformer", "transformer_2")),
+    "wan2_2_i2v_a14b": (WAN22_I2V_A14B_TRANSFORMER, ("transformer", "transformer_2")),
+}
+# FLUX.2-klein 4B's transformer (black-forest-labs/FLUX.2-klein-4B): 5 double-stream and 20 single-stream blocks,
+# 24 heads of 128, 128 packed latent channels, MLP ratio 3, no guidance embedding; its text width 7680 is three
+# stacked hidden states of Qwen3-4B (2560 each). diffusers' ``Flux2Transformer2DModel`` defaults are FLUX.2-dev's.
+FLUX2_KLEIN_4B_TRANSFORMER = {
+    "patch_size": 1,
+    "in_channels": 128,
+    "num_layers": 5,
+    "num_single_layers": 20,
+    "attention_head_dim": 128,
+    "num_attention_heads": 24,
+    "joint_attention_dim": 7680,
+    "mlp_ratio": 3.0,
+    "axes_dims_rope": (32, 32, 32, 32),
+    "guidance_embeds": False,
 }
 # its vae/config.json (the Wan2.2 VAE, diffusers' scripts/convert_wan_to_diffusers.py ``vae22_diffusers_config``):
 # 2×2 pixel patchify (12 channels), 16 px per latent cell, 4 frames per latent frame, 48 latent channels; the
@@ -180,6 +204,14 @@ class RandomLogProbWan22Pipeline(RandomWeightsMixin, Wan22LogProbPipeline):
 
 class RandomStockWan22Pipeline(RandomWeightsMixin, Wan22Pipeline):
     """vLLM-Omni's own Wan2.2 pipeline on the same random weights."""
+
+
+class RandomLogProbFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinLogProbPipeline):
+    """The FLUX.2-klein rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinPipeline):
+    """vLLM-Omni's own FLUX.2-klein pipeline on the same random weights."""
 
 
 class RandomLogProbQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditLogProbPipeline):
@@ -278,4 +310,26 @@ def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
         for stale in (out / "vae").iterdir():
             stale.unlink()
         AutoencoderKLWan(**WAN22_VAE).to(torch.bfloat16).save_pretrained(out / "vae")
+    return out
+
+
+def write_full_size_flux2_klein_dir(out: Path, builder: str = "flux2_klein_distilled") -> Path:
+    """A diffusers FLUX.2-klein 4B directory: the tiny Qwen3 text side, the full-size transformer's config only, the
+    full-size random FLUX.2 VAE (diffusers' ``AutoencoderKLFlux2`` defaults). The transformer's text width is three
+    of the tiny encoder's hidden states; the prompt keeps its 512 padded tokens, so attention costs what it costs
+    with Qwen3-4B (only the text projection shrinks)."""
+    from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
+
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    build_tiny_model(builder, out, seed=0, dtype="bfloat16")
+    text_config = json.loads((out / "text_encoder" / "config.json").read_text())
+    text = {"joint_attention_dim": 3 * int(text_config["hidden_size"])}
+    for sub in ("transformer", "vae"):
+        for stale in (out / sub).iterdir():
+            stale.unlink()
+    with torch.device("meta"):
+        transformer = Flux2Transformer2DModel(**{**FLUX2_KLEIN_4B_TRANSFORMER, **text})
+    transformer.save_config(out / "transformer")
+    AutoencoderKLFlux2().to(torch.bfloat16).save_pretrained(out / "vae")
     return out

@@ -1,5 +1,5 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
-tiny bf16 checkpoints.
+"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text and image to video) / Qwen-Image-Edit / FLUX.1-Kontext
+rollout pipelines on CUDA: vLLM-Omni in bf16 on the tiny bf16 checkpoints.
 
 One engine per model (module-scoped, parametrized), as ``test_diffusers_rollout_engine.py`` runs
 them on CPU in fp32. Here the engine computes in bf16 on the GPU and the actor's side replays the
@@ -28,6 +28,8 @@ MODELS = {
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # a video of 5 frames (two latent frames) at 64² (2×2 transformer patches), the TI2V-5B example's CFG 5
     "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
+    # image to video: the source image is the first frame; both experts sample (the I2V launcher's CFG 3.5)
+    "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
     # one source image conditioned at the output's area (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": H * W}},
     # two source images, each also read by the vision tower at the output's area (the stock 384²)
