@@ -71,6 +71,14 @@ GPU_SUITE = EvidenceRun(
 )
 
 
+# one H200: the bf16 rollout against its replay of the models added after that suite run
+NEW_MODELS_GPU = EvidenceRun(
+    GPU_RUNS,
+    "What ran (one H200, 2026-11-29): the new models' bf16 rollout against their replay",
+    "bf16 rollout and its replay on the tiny model; full-size speed in models_gpu.md",
+)
+
+
 def rollout_engine(tiny: str) -> EvidenceTest:
     return EvidenceTest(ROLLOUT_ENGINE, "test_images_finite_log_probs_and_the_adapters_conditioning", tiny)
 
@@ -211,6 +219,7 @@ MODELS: dict[str, Model] = {
             "trainer": trainer_run("flux2_klein"),
             "lora_diffusers": diffusers_lora("flux2_klein"),
             "sequence_parallel": split_replay("flux2_klein"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "Flux2KleinDistilledTrainingAdapter": Model(
@@ -220,6 +229,7 @@ MODELS: dict[str, Model] = {
             "replay": engine_replay("flux2_klein_distilled"),
             "trainer": trainer_run("flux2_klein_distilled"),
             "lora_diffusers": diffusers_lora("flux2_klein_distilled"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "ZImageTrainingAdapter": Model(
@@ -280,6 +290,7 @@ MODELS: dict[str, Model] = {
             "sequence_parallel": split_replay("wan2_2_i2v_a14b"),
             "source_images": source_image("wan2_2_i2v_a14b"),
             "video": rollout_engine("wan2_2_i2v_a14b"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "QwenImageEditTrainingAdapter": Model(
