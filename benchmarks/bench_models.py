@@ -185,7 +185,7 @@ MODELS = {
     # the FLUX.2-klein 4B launcher (examples/flowgrpo_trainer/run_flux2_klein_4b_ocr_lora.sh): the step-distilled
     # checkpoint, 512², 4 steps, no CFG, LoRA rank 64 / alpha 128. Stock vLLM-Omni 0.26 does not start a klein
     # engine: its start-up warm-up sends the edit path a blank image, whose position ids it appends twice (the
-    # models guide, "FLUX.2-klein"); ours is timed alone
+    # models guide on where vLLM-Omni 0.26 differs); ours is timed alone
     "flux2_klein": BenchModel(
         name="flux2_klein",
         builder="flux2_klein_distilled",
