@@ -96,12 +96,6 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
 
     def rollout_forward(self, req):
         requests, spec, cond = self.conditioned_batch(req)
-        dtype = self.transformer.dtype
-        text = padded_text(cond["prompt_embeds"], cond["prompt_embeds_mask"], dtype)
-        negative = None
-        if spec.uses_cfg:
-            negative = padded_text(cond["negative_prompt_embeds"], cond["negative_prompt_embeds_mask"], dtype)
-
         recorder = RolloutRecorder(requests, self.device)
         latents = self.prepare_latents(
             recorder.num_samples,
@@ -113,30 +107,7 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
             self.device,
             recorder.generators,
         )
-        self.scheduler.set_timesteps(spec.num_inference_steps, device=self.device)
-        timesteps = self.scheduler.timesteps
-        recorder.set_schedule(schedule_sigmas(self.scheduler, self.device), timesteps)
-        self._num_timesteps, self._guidance_scale = len(timesteps), spec.true_cfg_scale
-        with recorder.recording(self):
-            latents = self.diffuse(
-                latents=latents,
-                timesteps=recorder.loop_timesteps,
-                prompt_embeds=text,
-                negative_prompt_embeds=negative,
-                guidance_low=spec.true_cfg_scale,
-                guidance_high=spec.true_cfg_scale,
-                boundary_timestep=self._boundary_timestep(),
-                dtype=dtype,
-                attention_kwargs={},
-            )
-        self._current_timestep = None
-        videos = torch.cat(
-            [
-                self.vae.decode(chunk, return_dict=False)[0]
-                for chunk in self._denormalize(latents).split(VAE_DECODE_CHUNK)
-            ]
-        )
-        return self.rollout_outputs(recorder, videos, cond, packed=True)
+        return denoise_and_decode(self, recorder, latents, spec, cond)
 
     def _boundary_timestep(self) -> float | None:
         """Where ``diffuse`` hands over from ``transformer`` to ``transformer_2`` (None: one transformer)."""
@@ -151,3 +122,39 @@ class Wan22LogProbPipeline(DiffusersRolloutMixin, Wan22Pipeline):
         mean = torch.tensor(config.latents_mean).view(view).to(latents.device, self.vae.dtype)
         std = torch.tensor(config.latents_std).view(view).to(latents.device, self.vae.dtype)
         return latents.to(self.vae.dtype) * std + mean
+
+
+def denoise_and_decode(pipeline, recorder: RolloutRecorder, latents: torch.Tensor, spec, cond: dict, **stock_kwargs):
+    """The rest of a Wan2.2 rollout once the noise is drawn, shared by text- and image-to-video: the schedule, the
+    stock ``diffuse`` loop inside the recorder (``stock_kwargs``: what the image-to-video loop takes besides), and
+    the decode in chunks of :data:`VAE_DECODE_CHUNK` videos."""
+    dtype = pipeline.transformer.dtype
+    text = padded_text(cond["prompt_embeds"], cond["prompt_embeds_mask"], dtype)
+    negative = None
+    if spec.uses_cfg:
+        negative = padded_text(cond["negative_prompt_embeds"], cond["negative_prompt_embeds_mask"], dtype)
+    pipeline.scheduler.set_timesteps(spec.num_inference_steps, device=pipeline.device)
+    timesteps = pipeline.scheduler.timesteps
+    recorder.set_schedule(schedule_sigmas(pipeline.scheduler, pipeline.device), timesteps)
+    pipeline._num_timesteps, pipeline._guidance_scale = len(timesteps), spec.true_cfg_scale
+    with recorder.recording(pipeline):
+        latents = pipeline.diffuse(
+            latents=latents,
+            timesteps=recorder.loop_timesteps,
+            prompt_embeds=text,
+            negative_prompt_embeds=negative,
+            guidance_low=spec.true_cfg_scale,
+            guidance_high=spec.true_cfg_scale,
+            boundary_timestep=pipeline._boundary_timestep(),
+            dtype=dtype,
+            attention_kwargs={},
+            **stock_kwargs,
+        )
+    pipeline._current_timestep = None
+    videos = torch.cat(
+        [
+            pipeline.vae.decode(chunk, return_dict=False)[0]
+            for chunk in pipeline._denormalize(latents).split(VAE_DECODE_CHUNK)
+        ]
+    )
+    return pipeline.rollout_outputs(recorder, videos, cond, packed=True)

@@ -28,9 +28,8 @@ from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.sampling import SamplingSpec
-from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
-from verl_omni.pipelines.wan2_2.rollout_pipeline import VAE_DECODE_CHUNK, Wan22LogProbPipeline
-from verl_omni.pipelines.wan2_2.training_adapter import flow_shift, padded_text
+from verl_omni.pipelines.wan2_2.rollout_pipeline import Wan22LogProbPipeline, denoise_and_decode
+from verl_omni.pipelines.wan2_2.training_adapter import flow_shift
 
 
 class Wan22I2VLogProbPipeline(EditRolloutMixin, Wan22I2VPipeline):
@@ -87,42 +86,20 @@ class Wan22I2VLogProbPipeline(EditRolloutMixin, Wan22I2VPipeline):
             cond |= self.conditioning(requests, negative=True)
         conditions = torch.cat([self.image_condition(images[0], spec) for images in sources])
         cond["image_condition"] = self.per_sample(conditions, requests)
-        dtype = self.transformer.dtype
-        text = padded_text(cond["prompt_embeds"], cond["prompt_embeds_mask"], dtype)
-        negative = None
-        if spec.uses_cfg:
-            negative = padded_text(cond["negative_prompt_embeds"], cond["negative_prompt_embeds_mask"], dtype)
-
-        # 2. Per-sample noise (vLLM-Omni's draw, one generator per sample) and the schedule.
+        # 2. Per-sample noise (vLLM-Omni's draw, one generator per sample).
         recorder = RolloutRecorder(requests, self.device)
         shape = (recorder.num_samples, self.transformer_config.out_channels, *conditions.shape[2:])
         latents = randn_tensor(shape, generator=recorder.generators, device=self.device, dtype=torch.float32)
-        self.scheduler.set_timesteps(spec.num_inference_steps, device=self.device)
-        timesteps = self.scheduler.timesteps
-        recorder.set_schedule(schedule_sigmas(self.scheduler, self.device), timesteps)
-        self._num_timesteps, self._guidance_scale = len(timesteps), spec.true_cfg_scale
 
-        # 3. Denoise: the stock loop (the condition concatenated on channels, the expert per step), the recorder's step.
-        with recorder.recording(self):
-            latents = self.diffuse(
-                latents=latents,
-                timesteps=recorder.loop_timesteps,
-                prompt_embeds=text,
-                negative_prompt_embeds=negative,
-                image_embeds=None,
-                guidance_low=spec.true_cfg_scale,
-                guidance_high=spec.true_cfg_scale,
-                boundary_timestep=self._boundary_timestep(),
-                dtype=dtype,
-                attention_kwargs={},
-                condition=cond["image_condition"],
-                first_frame_mask=None,
-            )
-        self._current_timestep = None
-        videos = torch.cat(
-            [
-                self.vae.decode(chunk, return_dict=False)[0]
-                for chunk in self._denormalize(latents).split(VAE_DECODE_CHUNK)
-            ]
+        # 3. The T2V rollout's schedule, loop and decode; the stock I2V loop concatenates the condition on channels
+        # and picks the expert per step.
+        return denoise_and_decode(
+            self,
+            recorder,
+            latents,
+            spec,
+            cond,
+            image_embeds=None,
+            condition=cond["image_condition"],
+            first_frame_mask=None,
         )
-        return self.rollout_outputs(recorder, videos, cond, packed=True)
