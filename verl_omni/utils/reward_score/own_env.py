@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import subprocess
 import threading
 import weakref
@@ -71,11 +72,14 @@ class OwnEnvironmentScorer(ThreadedScorer):
 
     def _start(self) -> subprocess.Popen:
         env_path = build(self.environment())
+        # without PYTHONPATH: its entries would come before the environment's own packages and shadow its pins
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
         process = subprocess.Popen(
             [str(env_path / "bin" / "python"), str(self.script), *self.script_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=str(Path(self.script).parent),
+            env=env,
         )
         # stopped with this scorer or at interpreter exit, whichever comes first
         self._finalizer = weakref.finalize(self, _stop, process)
