@@ -246,17 +246,17 @@ def evaluate_clauses(metadata: dict, detections: dict[str, list[Detection]], par
     return results
 
 
-def parse_detections(answer: Any, where: str) -> dict[str, list[Detection]]:
+def parse_detections(answer: Any, where: str, scorer: str = "geneval") -> dict[str, list[Detection]]:
     """One image's server answer ``{class: [{"box": [4], "score": s, "color": c?}]}`` as detections."""
     if not isinstance(answer, dict):
-        raise ScorerError(f"scorer 'geneval': {where} must be an object of class → detections, got {answer!r:.200}")
+        raise ScorerError(f"scorer {scorer!r}: {where} must be an object of class → detections, got {answer!r:.200}")
     try:
         return {
             name: [Detection(tuple(float(v) for v in d["box"]), float(d["score"]), d.get("color")) for d in found]
             for name, found in answer.items()
         }
     except (KeyError, TypeError, ValueError) as e:
-        raise ScorerError(f"scorer 'geneval': malformed detections in {where}: {answer!r:.200}") from e
+        raise ScorerError(f"scorer {scorer!r}: malformed detections in {where}: {answer!r:.200}") from e
 
 
 def detection_options(metadata: list[dict], params: GenEvalChecks) -> dict:
@@ -269,11 +269,11 @@ def detection_options(metadata: list[dict], params: GenEvalChecks) -> dict:
     }
 
 
-def check_answer(found: Any, count: int, source: str) -> list[dict[str, list[Detection]]]:
+def check_answer(found: Any, count: int, source: str, scorer: str) -> list[dict[str, list[Detection]]]:
     """The detector's answer for ``count`` images (a list of per-image detections) as detections."""
     if not isinstance(found, list) or len(found) != count:
-        raise ScorerError(f"scorer 'geneval': {source} must answer {count} per-image detections, got {found!r:.200}")
-    return [parse_detections(a, f"detections[{k}] from {source}") for k, a in enumerate(found)]
+        raise ScorerError(f"scorer {scorer!r}: {source} must answer {count} per-image detections, got {found!r:.200}")
+    return [parse_detections(a, f"detections[{k}] from {source}", scorer) for k, a in enumerate(found)]
 
 
 def metadata_of(batch: ScoreBatch) -> list[dict]:
@@ -320,7 +320,7 @@ class GenEvalScorer(OwnEnvironmentScorer):
     def detect(self, images, metadata: list[dict]) -> list[dict[str, list[Detection]]]:
         """The raw detections of ``images`` (uint8 ``[B, 3, H, W]``) from the child."""
         found = self.request(images, [""] * len(images), None, detection_options(metadata, self.params))
-        return check_answer(found, len(images), f"the detector of {self.environment().path()}")
+        return check_answer(found, len(images), f"the detector in {self.environment().path()}", "geneval")
 
     def score_sync(self, batch: ScoreBatch) -> list[float]:
         metadata = metadata_of(batch)
@@ -356,4 +356,4 @@ class GenEvalServerScorer(Scorer):
         }
         answer = await self.client.post_json(self.params.url, payload)
         found = answer.get("detections") if isinstance(answer, dict) else None
-        return check_answer(found, len(indices), self.params.url)
+        return check_answer(found, len(indices), self.params.url, "geneval_server")
