@@ -164,7 +164,9 @@ def build(environment: ScorerEnvironment, root: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        result = _uv("venv", "--quiet", "--python", environment.python_version, str(staging))
+        # an inheriting environment shares compiled packages with the trainer: its very interpreter, not any 3.x
+        interpreter = sys.executable if environment.inherit else environment.python_version
+        result = _uv("venv", "--quiet", "--python", interpreter, str(staging))
         if result.returncode != 0:
             raise _failure(environment, f"creating a Python {environment.python_version} venv", result)
         result = _uv(
