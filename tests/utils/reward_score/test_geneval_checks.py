@@ -1,10 +1,14 @@
-"""GenEval's check rules on hand-written detections; each expected value is worked out in the comment."""
+"""GenEval's check rules on hand-written detections; each expected value is worked out in the comment. The
+scorers' params and the local scorer's refusal of a missing model directory (nothing starts)."""
 
 import pytest
 
 from verl_omni.utils.reward_score.geneval import (
     Detection,
+    GenEvalChecks,
     GenEvalParams,
+    GenEvalScorer,
+    GenEvalServerParams,
     box_iou,
     check_metadata,
     evaluate_clauses,
@@ -12,7 +16,7 @@ from verl_omni.utils.reward_score.geneval import (
     relative_position,
 )
 
-PARAMS = GenEvalParams(url="http://unused")
+PARAMS = GenEvalChecks()
 
 
 def det(x1, y1, x2, y2, score=0.95, color=None):
@@ -130,6 +134,25 @@ def test_bad_metadata_names_the_sample(bad, match):
 @pytest.mark.parametrize(
     "field, value", [("threshold", 1.5), ("nms_iou", 0.0), ("max_objects", 0), ("reward", "mean"), ("url", "ftp://x")]
 )
-def test_params_are_validated(field, value):
+def test_server_params_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
-        GenEvalParams(**{"url": "http://x", field: value})
+        GenEvalServerParams(**{"url": "http://x", field: value})
+
+
+@pytest.mark.parametrize("field", ["detector", "clip"])
+def test_local_params_need_both_model_directories(field):
+    with pytest.raises(ValueError, match=f"{field} must name a local directory"):
+        GenEvalParams(**{"detector": "/d", "clip": "/c", field: ""})
+    with pytest.raises(ValueError, match="threshold"):
+        GenEvalParams(detector="/d", clip="/c", threshold=2.0)
+
+
+def test_a_missing_detector_directory_is_named_before_the_child_starts(tmp_path):
+    missing, clip = tmp_path / "no_detector", tmp_path / "clip"
+    clip.mkdir()
+    (clip / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=f"detector='{missing}' is not a directory; it must hold an object"):
+        GenEvalScorer(GenEvalParams(detector=str(missing), clip=str(clip)))
+    missing.mkdir()
+    with pytest.raises(FileNotFoundError, match=f"detector='{missing}' has no config.json"):
+        GenEvalScorer(GenEvalParams(detector=str(missing), clip=str(clip)))

@@ -1,11 +1,15 @@
-"""The geneval scorer against the reference server (examples/reward_servers/) on a tiny random DETR + CLIP.
+"""The GenEval scorers on a tiny random DETR + CLIP: ``geneval_server`` against the reference server
+(examples/reward_servers/), ``geneval`` with the same detector in its own environment.
 
-The server is a real subprocess answering real HTTP on 127.0.0.1, started once for the module. The
-scorer's scores must equal GenEval's checks applied to the detections the server returns for the
-same images (fetched here with a plain POST), for both reward modes.
+The server is a real subprocess answering real HTTP on 127.0.0.1, started once for the module; the local
+scorer's child runs in the environment built from its requirements (the suite's cache), also once for the
+module. Both scorers' scores must equal GenEval's checks applied to the detections the server returns for
+the same images (fetched here with a plain POST), for both reward modes, and the child must answer those
+same detections.
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -18,6 +22,7 @@ import pytest
 import torch
 
 from verl_omni.utils.reward_score import ScoreBatch, ScorerError, build_params, get_scorer_cls
+from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
 from verl_omni.utils.reward_score.geneval import GENEVAL_COLORS, check_metadata, evaluate_clauses, parse_detections
 from verl_omni.utils.reward_score.http_client import image_to_png_base64
 from verl_omni.utils.tiny_models import build_tiny_model
@@ -46,8 +51,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory, tiny_clip_dir):
-    detector = build_tiny_model("detr", tmp_path_factory.mktemp("tiny_detr"), seed=0)
+def detector(tmp_path_factory):
+    return build_tiny_model("detr", tmp_path_factory.mktemp("tiny_detr"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def server_url(detector, tiny_clip_dir):
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
     cmd = [sys.executable, str(SERVER), "--detector", str(detector), "--clip", str(tiny_clip_dir)]
@@ -85,8 +94,27 @@ def post(url: str, body: dict) -> dict:
 
 
 def make(url, **params):
-    cls = get_scorer_cls("geneval")
+    cls = get_scorer_cls("geneval_server")
     return cls(build_params(cls.params_cls, {"url": url, **params}, "test"))
+
+
+@pytest.fixture(scope="module")
+def local_scorer(detector, tiny_clip_dir, scorer_env_dir):
+    """One ``geneval`` scorer (one child process) for the module; its environment in the suite's cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
+    cls = get_scorer_cls("geneval")
+    scorer = cls(build_params(cls.params_cls, {"detector": str(detector), "clip": str(tiny_clip_dir)}, "test"))
+    yield scorer
+    scorer.close()
+    patch.undo()
+
+
+def with_params(scorer, **params):
+    """``scorer`` with other checks' params: they reach its child only through each request's options, so one
+    child serves every parametrization."""
+    scorer.params = dataclasses.replace(scorer.params, **params)
+    return scorer
 
 
 @pytest.fixture(scope="module")
@@ -111,16 +139,39 @@ def test_server_answers_detections_in_the_documented_schema(raw_detections):
             assert all(len(d["box"]) == 4 and d["color"] in GENEVAL_COLORS for d in found)
 
 
+def test_the_local_detector_answers_the_servers_detections(local_scorer, batch, raw_detections):
+    options = {"color_classes": [list(TINY_DETR_CLASSES)] * len(batch), "min_score": 0.0, "max_objects": 16}
+    local = local_scorer.request(batch.images, batch.prompts, None, options)
+    assert [{k: [d["color"] for d in v] for k, v in a.items()} for a in local] == [
+        {k: [d["color"] for d in v] for k, v in a.items()} for a in raw_detections
+    ]
+    for mine, served in zip(local, raw_detections, strict=True):
+        for name, found in served.items():
+            assert [d["score"] for d in mine[name]] == pytest.approx([d["score"] for d in found], abs=1e-5)
+            assert [d["box"] for d in mine[name]] == [pytest.approx(d["box"], abs=1e-3) for d in found]
+
+
 @pytest.mark.parametrize("threshold", [0.0, 0.3])
 @pytest.mark.parametrize("reward", ["strict", "fraction"])
-def test_scores_equal_the_checks_on_the_served_detections(server_url, batch, raw_detections, threshold, reward):
-    scorer = make(server_url, threshold=threshold, counting_threshold=threshold, reward=reward, batch_size=3)
-    scores = asyncio.run(scorer.score(batch))
+def test_scores_equal_the_checks_on_the_served_detections(
+    server_url, local_scorer, batch, raw_detections, threshold, reward
+):
+    params = {"threshold": threshold, "counting_threshold": threshold, "reward": reward, "batch_size": 3}
+    scorer = make(server_url, **params)
     expected = []
     for i, m in enumerate(METADATA):
         results = evaluate_clauses(check_metadata(m, "t"), parse_detections(raw_detections[i], "t"), scorer.params)
         expected.append(float(all(results)) if reward == "strict" else sum(results) / len(results))
-    assert scores == pytest.approx(expected, abs=1e-6)
+    assert asyncio.run(scorer.score(batch)) == pytest.approx(expected, abs=1e-6)
+    assert with_params(local_scorer, **params).score_sync(batch) == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_childs_refusal_of_bad_options_is_a_scorer_error(local_scorer, batch):
+    with pytest.raises(
+        ScorerError, match=r"(?s)GenEvalScorer failed.*'color_classes' must have one list per image \(4\), got 1"
+    ):
+        local_scorer.request(batch.images, batch.prompts, None, {"color_classes": [["cat"]]})
+    assert local_scorer.request(batch.images[:1], ["p"], None, {"min_score": 1.0}) == [{}]  # the child lives on
 
 
 def test_min_score_and_max_objects_limit_the_answer(server_url, batch):
@@ -139,7 +190,7 @@ def test_bad_request_is_a_400_the_scorer_does_not_retry(server_url):
 
 def test_unreachable_server_raises_scorer_error_after_retries(closed_port_url, batch):
     scorer = make(closed_port_url + "/detect", max_retries=1, backoff_s=0.0, max_backoff_s=0.0)
-    with pytest.raises(ScorerError, match=r"scorer 'geneval': POST .* failed after 2 attempts"):
+    with pytest.raises(ScorerError, match=r"scorer 'geneval_server': POST .* failed after 2 attempts"):
         asyncio.run(scorer.score(batch))
 
 

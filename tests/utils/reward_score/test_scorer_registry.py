@@ -11,6 +11,7 @@ BUILT_IN = [
     "brightness",
     "clip_score",
     "geneval",
+    "geneval_server",
     "hpsv2",
     "hpsv3",
     "http",

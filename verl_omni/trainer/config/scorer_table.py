@@ -31,11 +31,12 @@ HEADER = f"""# Scorers
 
 Every built-in value of `reward.diffusion.scorers[*].type`. **Inputs**: what the scorer is given; an image scorer
 given a video batch scores its frames and averages them; an audio scorer reads the samples' waveforms. **Needs**: `server` is a service at `params.url` that the
-run does not start; `weights` is a local checkpoint directory at `params.model_path` (nothing is downloaded), which
+run does not start; `weights` are local checkpoint directories at the listed params (nothing is downloaded), which
 some settings of an `optional weights` scorer do without.
 **Environment**: the Python environment the scorer imports run in; an extra is installed with
 `pip install 'verl_omni[<extra>]'`; `own` is a separate virtual environment built from the listed requirements
-before Ray starts (guide/rewards.md, "Scorers in their own environment"). Ranges, parameters and checkpoints: [guide/rewards.md](../guide/rewards.md#scorers).
+before Ray starts, which may import what they do not install (torch) from the trainer's environment
+(guide/rewards.md, "Scorers in their own environment"). Ranges, parameters and checkpoints: [guide/rewards.md](../guide/rewards.md#scorers).
 
 | type | what it scores | inputs | needs | environment | class |
 |---|---|---|---|---|---|
@@ -55,23 +56,28 @@ def inputs(cls: type[Scorer]) -> str:
 
 
 def needs(cls: type[Scorer]) -> str:
-    """``server`` for an HTTP scorer, ``weights`` for one with a checkpoint directory (``optional`` when its default
-    params, without ``model_path``, are valid), ``—`` otherwise."""
+    """``server`` for an HTTP scorer, ``weights`` for one with checkpoint directories (``model_path``, or the fields
+    its params name in ``weight_fields``; ``optional`` when its default params, without them, are valid), ``—``
+    otherwise."""
     params = cls.params_cls
     if issubclass(params, HttpParams):
         return "server (`params.url`)"
-    if "model_path" not in {f.name for f in dataclasses.fields(params)}:
+    names = {f.name for f in dataclasses.fields(params)}
+    weights = [name for name in getattr(params, "weight_fields", ("model_path",)) if name in names]
+    if not weights:
         return "—"
+    listed = ", ".join(f"`params.{name}`" for name in weights)
     try:
         params()
     except ValueError:
-        return "weights (`params.model_path`)"
-    return "optional weights (`params.model_path`)"
+        return f"weights ({listed})"
+    return f"optional weights ({listed})"
 
 
 def environment(cls: type[Scorer]) -> str:
     if cls.requirements:
-        return "own: " + ", ".join(f"`{r}`" for r in cls.requirements)
+        inherited = " + the trainer's other packages" if cls.inherit else ""
+        return "own: " + ", ".join(f"`{r}`" for r in cls.requirements) + inherited
     return f"trainer + `{cls.extra}` extra" if cls.extra else "trainer"
 
 

@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 import torch
 from verl.base_config import BaseConfig
 
+from verl_omni.utils.reward_score.environment import ScorerEnvironment
+
 logger = logging.getLogger(__name__)
 
 
@@ -138,6 +140,8 @@ class Scorer(ABC):
         requirements: pip requirement strings of the scorer's own environment; non-empty only for an
             :class:`~verl_omni.utils.reward_score.own_env.OwnEnvironmentScorer`, which runs in a separate
             virtual environment built from them (the trainer's preflight builds it before Ray).
+        inherit: the own environment imports what its requirements do not install from the trainer's
+            packages (torch, too heavy to install twice), searched after its own (``environment.py``).
     """
 
     params_cls: ClassVar[type[BaseConfig]] = NoParams
@@ -146,6 +150,12 @@ class Scorer(ABC):
     audio_input: ClassVar[bool] = False
     extra: ClassVar[str | None] = None
     requirements: ClassVar[tuple[str, ...]] = ()
+    inherit: ClassVar[bool] = False
+
+    @classmethod
+    def environment(cls) -> ScorerEnvironment | None:
+        """The scorer's own environment (built from ``requirements``), None when it runs in the trainer's."""
+        return ScorerEnvironment(tuple(cls.requirements), inherit=cls.inherit) if cls.requirements else None
 
     def __init__(self, params: BaseConfig | None = None):
         self.params = params if params is not None else self.params_cls()

@@ -13,6 +13,16 @@ into place when complete, so an interrupted or concurrent build never leaves a h
 
 A build failure raises :class:`ScorerEnvironmentError` naming the requirement(s) the installer's report mentions
 and the installer's own last lines, so a bad pin fails before anything else starts.
+
+Inheriting the trainer's packages (``inherit=True``): some packages a scorer needs are too heavy to install twice
+(torch from PyPI is a multi-GB CUDA build) and are pinned by nothing the scorer declares. Such an environment gets a
+``.pth`` file listing the trainer's site-packages directories: Python appends them to ``sys.path`` after the
+environment's own site-packages, so a package the requirements install (and its dependencies) shadows the trainer's
+version, and one they do not install (torch) is imported from the trainer. The trainer's own ``.pth`` files are not
+processed there, so its editable installs (``verl_omni`` itself) stay out. The installer resolves the requirements
+on their own: a requirement that depends on torch would install a second torch; leave such packages to the
+trainer. The Python version is then the trainer's (compiled packages are shared), and the key hashes the inherited
+directories, so environments inheriting from two trainer environments do not share a cache entry.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import json
 import os
 import platform
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -32,6 +43,8 @@ from pathlib import Path
 CACHE_ENV_VAR = "VERL_OMNI_SCORER_ENV_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/verl_omni/scorer_envs")
 DONE_FILE = "environment.json"
+# written into an inheriting environment's site-packages; the name sorts after the packages' own .pth files
+INHERIT_FILE = "zz_verl_omni_trainer_packages.pth"
 # the installer's last lines kept in an error: enough for the resolver's explanation
 ERROR_TAIL_LINES = 20
 
@@ -52,26 +65,37 @@ class ScorerEnvironment:
     Args:
         requirements (tuple[str, ...]): pip requirement strings, e.g. ``("numpy==1.26.4",)``; at least one.
         python (str | None): the Python version (``"3.11"``); None: the trainer's own major.minor version.
+        inherit (bool): import what the requirements do not install from the trainer's site-packages, searched
+            after the environment's own (module docstring); the Python version must then be the trainer's.
     """
 
     requirements: tuple[str, ...]
     python: str | None = None
+    inherit: bool = False
 
     def __post_init__(self):
         if not self.requirements or not all(isinstance(r, str) and r.strip() for r in self.requirements):
             raise ValueError(f"requirements must be non-empty requirement strings, got {self.requirements!r}")
+        if self.inherit and self.python not in (None, _trainer_python()):
+            raise ValueError(
+                f"python={self.python!r} with inherit=True: an environment that imports the trainer's packages runs"
+                f" the trainer's Python ({_trainer_python()}); drop python or inherit"
+            )
 
     @property
     def python_version(self) -> str:
-        return self.python or f"{sys.version_info.major}.{sys.version_info.minor}"
+        return self.python or _trainer_python()
 
     def description(self) -> dict:
         """What the key hashes, also written to the finished environment's ``environment.json``."""
-        return {
+        description = {
             "requirements": sorted(r.strip() for r in self.requirements),
             "python": self.python_version,
             "platform": f"{sys.platform}-{platform.machine()}",
         }
+        if self.inherit:
+            description["inherit"] = trainer_site_packages()
+        return description
 
     def key(self) -> str:
         text = json.dumps(self.description(), sort_keys=True)
@@ -82,6 +106,26 @@ class ScorerEnvironment:
 
     def python_executable(self, root: Path | None = None) -> Path:
         return self.path(root) / "bin" / "python"
+
+
+def _trainer_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def trainer_site_packages() -> list[str]:
+    """The site-packages directories of the interpreter running this code (the trainer's), in its search order."""
+    return [path for path in site.getsitepackages() if os.path.isdir(path)]
+
+
+def _site_packages_of(python: Path) -> Path:
+    """The site-packages directory of the environment whose interpreter is ``python``."""
+    result = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(result.stdout.strip())
 
 
 def _uv(*args: str) -> subprocess.CompletedProcess:
@@ -120,7 +164,9 @@ def build(environment: ScorerEnvironment, root: Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        result = _uv("venv", "--quiet", "--python", environment.python_version, str(staging))
+        # an inheriting environment shares compiled packages with the trainer: its very interpreter, not any 3.x
+        interpreter = sys.executable if environment.inherit else environment.python_version
+        result = _uv("venv", "--quiet", "--python", interpreter, str(staging))
         if result.returncode != 0:
             raise _failure(environment, f"creating a Python {environment.python_version} venv", result)
         result = _uv(
@@ -128,6 +174,10 @@ def build(environment: ScorerEnvironment, root: Path | None = None) -> Path:
         )
         if result.returncode != 0:
             raise _failure(environment, "installing requirements", result)
+        if environment.inherit:
+            # plain path lines: appended to sys.path, after the environment's own site-packages
+            paths = "".join(f"{path}\n" for path in trainer_site_packages())
+            (_site_packages_of(staging / "bin" / "python") / INHERIT_FILE).write_text(paths)
         (staging / DONE_FILE).write_text(json.dumps(environment.description(), indent=1) + "\n")
         if (target / DONE_FILE).is_file():
             return target  # another process finished the same environment first

@@ -1,10 +1,21 @@
-"""``geneval``: GenEval's compositional checks on the detections of a served object detector.
+"""``geneval`` and ``geneval_server``: GenEval's compositional checks on an object detector's detections.
 
 GenEval (Ghosh et al. 2023; the authors' ``evaluation/evaluate_images.py``) asks a detector which
 objects an image shows and checks them against the prompt's metadata. The detector (and the CLIP
-colour classifier) run in a reward server on the user's GPUs (reference:
-``examples/reward_servers/geneval_server.py``); this module posts the images there, with the HTTP
-scorer's retry and error rules, and computes the checks itself from the returned detections.
+colour classifier) is ``_env_scripts/geneval_detector.py``; it runs
+
+- for ``geneval``, in a child process of the scorer, in the scorer's own environment (``own_env.py``;
+  its own transformers and pillow, the trainer's torch): no server to start;
+- for ``geneval_server``, in a reward server the user runs (``examples/reward_servers/geneval_server.py``,
+  the same code behind HTTP), to which the scorer posts the images with the HTTP scorer's retry and
+  error rules.
+
+Both ask with the same options and get the same JSON detections back; this module computes the checks
+from them, so the rules have one home whichever way the detections come.
+
+Two names, not one with "``url`` or ``detector``": each name's params are complete on their own (the
+server's need ``url``, the local one the two model directories), and what a scorer needs (its own
+environment, or a server) is a fact of its class, which the preflight and the scorer table read.
 
 Per sample, the metadata is the ground truth (``batch.targets``): a JSON object in GenEval's
 ``evaluation_metadata.jsonl`` form, ``{"tag": ..., "include": [{"class", "count", "color"?,
@@ -35,30 +46,33 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from verl.base_config import BaseConfig
+
+from verl_omni.utils.reward_score._env_scripts.geneval_detector import GENEVAL_COLORS
 from verl_omni.utils.reward_score.base import ScoreBatch, Scorer, ScorerError
 from verl_omni.utils.reward_score.http_client import HttpClient, HttpParams, image_to_png_base64
+from verl_omni.utils.reward_score.local_files import require_dir, require_file
+from verl_omni.utils.reward_score.own_env import SCRIPTS_DIR, OwnEnvironmentScorer
 from verl_omni.utils.reward_score.registry import register_scorer
 
 logger = logging.getLogger(__name__)
 
-# the colour names GenEval classifies into (its COLORS)
-GENEVAL_COLORS = ("red", "orange", "yellow", "green", "blue", "purple", "pink", "brown", "black", "white")
 RELATIONS = ("left of", "right of", "above", "below")
 REWARD_MODES = ("strict", "fraction")
 
 
 @dataclass
-class GenEvalParams(HttpParams):
-    """Args (besides :class:`HttpParams`; ``url`` is the server's ``/detect`` endpoint):
+class GenEvalChecks(BaseConfig):
+    """Args (the checks', both scorers):
     threshold (float): minimum detection score kept. Default 0.3 (GenEval's).
     counting_threshold (float): the same for prompts tagged ``counting``. Default 0.9 (GenEval's).
     max_objects (int): most confident detections kept per class. Default 16 (GenEval's).
     nms_iou (float): drop a box overlapping a more confident one of its class by IoU ≥ this; 1.0 = off. Default 1.0.
     position_threshold (float): share of the two boxes' sizes an offset must exceed. Default 0.1 (GenEval's).
     reward (str): ``strict`` (1 if every clause passes, else 0) or ``fraction`` (share passing). Default ``strict``.
-    batch_size (int): images per request. Default 8.
+    batch_size (int): images per detector call. Default 8.
     """
 
     threshold: float = 0.3
@@ -70,7 +84,6 @@ class GenEvalParams(HttpParams):
     batch_size: int = 8
 
     def __post_init__(self):
-        super().__post_init__()
         for name in ("threshold", "counting_threshold", "position_threshold"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -80,6 +93,43 @@ class GenEvalParams(HttpParams):
             raise ValueError(f"max_objects and batch_size must be >= 1, got {self.max_objects}, {self.batch_size}")
         if self.reward not in REWARD_MODES:
             raise ValueError(f"reward must be one of {REWARD_MODES}, got {self.reward!r}")
+
+
+DETECTOR_WHAT = "an object detector that transformers' AutoModelForObjectDetection loads (config.json)"
+CLIP_WHAT = "a CLIPModel + CLIPProcessor checkpoint (config.json)"
+
+
+@dataclass
+class GenEvalParams(GenEvalChecks):
+    """Args (besides :class:`GenEvalChecks`):
+    detector (str): local directory of a COCO object detector that transformers' ``AutoModelForObjectDetection``
+        and ``AutoImageProcessor`` load (its ``id2label`` names are GenEval's class names), e.g. DETR. Required.
+    clip (str): local ``CLIPModel`` + ``CLIPProcessor`` directory for the colours (GenEval: OpenAI's ViT-L/14).
+        Required.
+    device (str): torch device of both models in the scorer's process. Default ``cpu``.
+    """
+
+    # the checkpoint directories, for the scorer table's "needs" column
+    weight_fields: ClassVar[tuple[str, ...]] = ("detector", "clip")
+
+    detector: str = ""
+    clip: str = ""
+    device: str = "cpu"
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, what in (("detector", DETECTOR_WHAT), ("clip", CLIP_WHAT)):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must name a local directory holding {what}, got ''")
+
+
+@dataclass
+class GenEvalServerParams(HttpParams, GenEvalChecks):
+    """Args: :class:`HttpParams` (``url`` is the server's ``/detect`` endpoint) and :class:`GenEvalChecks`."""
+
+    def __post_init__(self):
+        HttpParams.__post_init__(self)
+        GenEvalChecks.__post_init__(self)
 
 
 @dataclass(frozen=True)
@@ -196,60 +246,114 @@ def evaluate_clauses(metadata: dict, detections: dict[str, list[Detection]], par
     return results
 
 
-def parse_detections(answer: Any, where: str) -> dict[str, list[Detection]]:
+def parse_detections(answer: Any, where: str, scorer: str = "geneval") -> dict[str, list[Detection]]:
     """One image's server answer ``{class: [{"box": [4], "score": s, "color": c?}]}`` as detections."""
     if not isinstance(answer, dict):
-        raise ScorerError(f"scorer 'geneval': {where} must be an object of class → detections, got {answer!r:.200}")
+        raise ScorerError(f"scorer {scorer!r}: {where} must be an object of class → detections, got {answer!r:.200}")
     try:
         return {
             name: [Detection(tuple(float(v) for v in d["box"]), float(d["score"]), d.get("color")) for d in found]
             for name, found in answer.items()
         }
     except (KeyError, TypeError, ValueError) as e:
-        raise ScorerError(f"scorer 'geneval': malformed detections in {where}: {answer!r:.200}") from e
+        raise ScorerError(f"scorer {scorer!r}: malformed detections in {where}: {answer!r:.200}") from e
+
+
+def detection_options(metadata: list[dict], params: GenEvalChecks) -> dict:
+    """The detector's options for the images of ``metadata``: colours of the classes a clause asks a colour of,
+    every detection the thresholds may keep (the request schema in ``_env_scripts/geneval_detector.py``)."""
+    return {
+        "color_classes": [sorted({c["class"] for c in m.get("include", []) if "color" in c}) for m in metadata],
+        "min_score": min(params.threshold, params.counting_threshold),
+        "max_objects": params.max_objects,
+    }
+
+
+def check_answer(found: Any, count: int, source: str, scorer: str) -> list[dict[str, list[Detection]]]:
+    """The detector's answer for ``count`` images (a list of per-image detections) as detections."""
+    if not isinstance(found, list) or len(found) != count:
+        raise ScorerError(f"scorer {scorer!r}: {source} must answer {count} per-image detections, got {found!r:.200}")
+    return [parse_detections(a, f"detections[{k}] from {source}", scorer) for k, a in enumerate(found)]
+
+
+def metadata_of(batch: ScoreBatch) -> list[dict]:
+    targets = batch.targets or [None] * len(batch)
+    return [check_metadata(t, f"geneval metadata of sample {i} (the ground truth)") for i, t in enumerate(targets)]
+
+
+def chunks(size: int, batch_size: int) -> list[range]:
+    return [range(start, min(start + batch_size, size)) for start in range(0, size, batch_size)]
+
+
+def scores_of(metadata: list[dict], detections: list[dict[str, list[Detection]]], params: GenEvalChecks) -> list:
+    """GenEval's score (``params.reward``) of each sample from its metadata and raw detections."""
+    scores = []
+    for meta, found in zip(metadata, detections, strict=True):
+        results = evaluate_clauses(meta, found, params)
+        scores.append(float(all(results)) if params.reward == "strict" else sum(results) / len(results))
+    return scores
 
 
 @register_scorer("geneval")
-class GenEvalScorer(Scorer):
-    """GenEval's object/count/colour/position checks on served detections. Range [0, 1]."""
+class GenEvalScorer(OwnEnvironmentScorer):
+    """GenEval's object/count/colour/position checks on the detections of a local detector. Range [0, 1].
+
+    The detector runs in a child process in the scorer's own environment (module docstring); torch comes from
+    the trainer's environment.
+    """
 
     params_cls = GenEvalParams
+    requirements = ("transformers==5.10.4", "pillow==13.0.0")
+    inherit = True
+    script = SCRIPTS_DIR / "geneval_detector.py"
 
     def __init__(self, params: GenEvalParams):
         super().__init__(params)
-        self.client = HttpClient(params, scorer="geneval")
+        # in the reward worker, before the child starts: a missing directory is named here, not in its traceback
+        require_file(require_dir(params.detector, "detector", DETECTOR_WHAT), "config.json", "detector", DETECTOR_WHAT)
+        require_file(require_dir(params.clip, "clip", CLIP_WHAT), "config.json", "clip", CLIP_WHAT)
+
+    def script_args(self) -> list[str]:
+        p = self.params
+        return ["--detector", p.detector, "--clip", p.clip, "--device", p.device]
+
+    def detect(self, images, metadata: list[dict]) -> list[dict[str, list[Detection]]]:
+        """The raw detections of ``images`` (uint8 ``[B, 3, H, W]``) from the child."""
+        found = self.request(images, [""] * len(images), None, detection_options(metadata, self.params))
+        return check_answer(found, len(images), f"the detector in {self.environment().path()}", "geneval")
+
+    def score_sync(self, batch: ScoreBatch) -> list[float]:
+        metadata = metadata_of(batch)
+        detections = []
+        for chunk in chunks(len(batch), self.params.batch_size):
+            detections += self.detect(batch.images[chunk.start : chunk.stop], metadata[chunk.start : chunk.stop])
+        return scores_of(metadata, detections, self.params)
+
+
+@register_scorer("geneval_server")
+class GenEvalServerScorer(Scorer):
+    """GenEval's object/count/colour/position checks on the detections of a served detector. Range [0, 1]."""
+
+    params_cls = GenEvalServerParams
+
+    def __init__(self, params: GenEvalServerParams):
+        super().__init__(params)
+        self.client = HttpClient(params, scorer="geneval_server")
 
     async def score(self, batch: ScoreBatch) -> list[float]:
-        targets = batch.targets or [None] * len(batch)
-        metadata = [
-            check_metadata(t, f"geneval metadata of sample {i} (the ground truth)") for i, t in enumerate(targets)
-        ]
-        size = self.params.batch_size
-        chunks = [range(start, min(start + size, len(batch))) for start in range(0, len(batch), size)]
-        answers = await asyncio.gather(*(self.detect(batch, chunk, metadata) for chunk in chunks))
-        detections = [d for chunk in answers for d in chunk]
-        scores = []
-        for meta, found in zip(metadata, detections, strict=True):
-            results = evaluate_clauses(meta, found, self.params)
-            scores.append(float(all(results)) if self.params.reward == "strict" else sum(results) / len(results))
-        return scores
+        metadata = metadata_of(batch)
+        answers = await asyncio.gather(
+            *(self.detect(batch, c, metadata) for c in chunks(len(batch), self.params.batch_size))
+        )
+        return scores_of(metadata, [d for chunk in answers for d in chunk], self.params)
 
     async def detect(self, batch: ScoreBatch, indices: range, metadata: list[dict]) -> list[dict[str, list[Detection]]]:
         """Ask the server for the detections of the images at ``indices`` (the request schema in
         docs/guide/rewards.md)."""
-        p = self.params
         payload = {
             "images": [image_to_png_base64(batch.images[i]) for i in indices],
-            "color_classes": [
-                sorted({c["class"] for c in metadata[i].get("include", []) if "color" in c}) for i in indices
-            ],
-            "min_score": min(p.threshold, p.counting_threshold),
-            "max_objects": p.max_objects,
+            **detection_options([metadata[i] for i in indices], self.params),
         }
-        answer = await self.client.post_json(p.url, payload)
+        answer = await self.client.post_json(self.params.url, payload)
         found = answer.get("detections") if isinstance(answer, dict) else None
-        if not isinstance(found, list) or len(found) != len(indices):
-            raise ScorerError(
-                f"scorer 'geneval': {p.url} must answer {{\"detections\": [{len(indices)} objects]}}, got {answer!r:.200}"
-            )
-        return [parse_detections(a, f"detections[{k}] from {p.url}") for k, a in enumerate(found)]
+        return check_answer(found, len(indices), self.params.url, "geneval_server")

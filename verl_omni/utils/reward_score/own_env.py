@@ -6,14 +6,20 @@ installed). The environment is built from the requirements by :mod:`.environment
 builds it before Ray; here it is a cache hit). On its first batch the scorer starts ``<env>/bin/python <script>``
 once and keeps it for every later batch; :meth:`OwnEnvironmentScorer.close` (or interpreter exit) stops it.
 
-Protocol, one request and one answer per batch, over the child's stdin and stdout:
+Protocol, one request and one answer per call, over the child's stdin and stdout:
 
-* request: one JSON line ``{"shape": [...], "prompts": [...], "targets": [...]}`` followed by exactly
-  ``prod(shape)`` raw bytes, the uint8 images (``[B, 3, H, W]`` or ``[B, F, 3, H, W]``, C order);
-* answer: one JSON line ``{"scores": [...]}`` (``B`` floats) or ``{"error": "<message>"}``.
+* request: one JSON line ``{"shape": [...], "prompts": [...], "targets": [...], "extra": <JSON>}`` followed by
+  exactly ``prod(shape)`` raw bytes, the uint8 images (``[B, 3, H, W]`` or ``[B, F, 3, H, W]``, C order);
+  ``extra`` is whatever the scorer passes to :meth:`OwnEnvironmentScorer.request` (null by default), e.g. the
+  per-image options of a detector;
+* answer: one JSON line ``{"result": <JSON>}`` or ``{"error": "<message>"}``. A plain scorer's result is its
+  ``B`` scores (:meth:`OwnEnvironmentScorer.score_sync`); a scorer that computes its scores from something the
+  child measures (GenEval's detections) reads any JSON there and scores it in the trainer's process.
 
 Raw bytes and JSON, not pickle: the two sides may run different numpy and Python versions. The child's
-``serve`` loop is ``_env_scripts/scorer_child.py`` (standard library only), which a script imports.
+``serve`` loop is ``_env_scripts/scorer_child.py`` (standard library only), which a script imports; the
+script is started as ``<env>/bin/python <script> <script_args()>`` (a scorer's params, e.g. model directories,
+reach it as command-line arguments).
 
 A child that dies (exits, or closes its stdout) is an error naming the scorer and its environment; it is not
 restarted, so a crash in the scorer's own packages is never hidden behind a silent retry.
@@ -23,14 +29,17 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import subprocess
 import threading
 import weakref
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import torch
 
 from verl_omni.utils.reward_score.base import ScoreBatch, ScorerError, ThreadedScorer
-from verl_omni.utils.reward_score.environment import ScorerEnvironment, build
+from verl_omni.utils.reward_score.environment import build
 
 # the folder of the child scripts: not a package, so importing this package does not import them
 SCRIPTS_DIR = Path(__file__).resolve().parent / "_env_scripts"
@@ -41,6 +50,8 @@ class OwnEnvironmentScorer(ThreadedScorer):
 
     Class attributes:
         requirements: pip requirement strings of the scorer's environment (non-empty).
+        inherit: import what the requirements do not install from the trainer's packages (torch, ...);
+            ``environment.py`` says how the scorer's pins still win.
         script: path of the standalone scoring script (see the module docstring for its protocol).
     """
 
@@ -55,17 +66,20 @@ class OwnEnvironmentScorer(ThreadedScorer):
         self._lock = threading.Lock()
         self._finalizer: weakref.finalize | None = None
 
-    @classmethod
-    def environment(cls) -> ScorerEnvironment:
-        return ScorerEnvironment(tuple(cls.requirements))
+    def script_args(self) -> list[str]:
+        """Command-line arguments of the script (none by default; a scorer passes its params' paths here)."""
+        return []
 
     def _start(self) -> subprocess.Popen:
         env_path = build(self.environment())
+        # without PYTHONPATH: its entries would come before the environment's own packages and shadow its pins
+        env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
         process = subprocess.Popen(
-            [str(env_path / "bin" / "python"), str(self.script)],
+            [str(env_path / "bin" / "python"), str(self.script), *self.script_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=str(Path(self.script).parent),
+            env=env,
         )
         # stopped with this scorer or at interpreter exit, whichever comes first
         self._finalizer = weakref.finalize(self, _stop, process)
@@ -80,9 +94,11 @@ class OwnEnvironmentScorer(ThreadedScorer):
         )
         return ScorerError(self._dead)
 
-    def score_sync(self, batch: ScoreBatch) -> list[float]:
-        images = batch.images.contiguous().numpy()
-        header = {"shape": list(images.shape), "prompts": batch.prompts, "targets": batch.targets}
+    def request(self, images: torch.Tensor, prompts: list[str], targets: list | None = None, extra: Any = None) -> Any:
+        """One request to the child: ``images`` (uint8, CPU) with per-sample ``prompts`` and ``targets`` and any
+        JSON ``extra``; returns the child's JSON result (a :class:`ScorerError` for its error or its death)."""
+        images = images.contiguous().numpy()
+        header = {"shape": list(images.shape), "prompts": prompts, "targets": targets, "extra": extra}
         with self._lock:
             if self._dead is not None:
                 raise ScorerError(self._dead)
@@ -100,7 +116,16 @@ class OwnEnvironmentScorer(ThreadedScorer):
         answer = json.loads(line)
         if "error" in answer:
             raise ScorerError(f"scorer {type(self).__name__} failed in its environment: {answer['error']}")
-        return [float(s) for s in answer["scores"]]
+        return answer["result"]
+
+    def score_sync(self, batch: ScoreBatch) -> list[float]:
+        """The child's result for the batch, which must be one number per sample."""
+        scores = self.request(batch.images, batch.prompts, batch.targets)
+        if not isinstance(scores, list) or len(scores) != len(batch):
+            raise ScorerError(
+                f"scorer {type(self).__name__}'s script must answer {len(batch)} scores, got {scores!r:.200}"
+            )
+        return [float(s) for s in scores]
 
     def close(self) -> None:
         """Stop the child process (idempotent)."""

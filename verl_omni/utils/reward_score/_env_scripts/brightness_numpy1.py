@@ -10,7 +10,7 @@ from scorer_child import serve
 EXPECTED_NUMPY = "1.26.4"
 
 
-def mean_brightness(data, shape, prompts, targets):
+def mean_brightness(data, shape, prompts, targets, extra):
     if numpy.__version__ != EXPECTED_NUMPY:
         raise RuntimeError(f"numpy {numpy.__version__} runs here, the environment pins {EXPECTED_NUMPY}")
     images = numpy.frombuffer(data, dtype=numpy.uint8).reshape(shape[0], -1)

@@ -1,8 +1,8 @@
 """The child side of an own-environment scorer's protocol (``verl_omni/utils/reward_score/own_env.py``).
 
 Standard library only, and nothing of ``verl_omni``: it runs under the Python of the scorer's own environment.
-A scoring script calls :func:`serve` with a function of ``(images_bytes, shape, prompts, targets)`` returning
-one float per sample; ``serve`` answers requests until its input ends.
+A script calls :func:`serve` with a function of ``(images_bytes, shape, prompts, targets, extra)`` whose return
+value is any JSON value (a scorer's: one float per sample); ``serve`` answers requests until its input ends.
 """
 
 import json
@@ -21,7 +21,7 @@ def _read_exactly(stream, size):
     return b"".join(chunks)
 
 
-def serve(score):
+def serve(function):
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     # the protocol owns stdout: anything the scorer's packages print goes to stderr
     sys.stdout = sys.stderr
@@ -35,8 +35,9 @@ def serve(score):
             size *= side
         data = _read_exactly(requests, size)
         try:
-            answer = {"scores": [float(s) for s in score(data, header["shape"], header["prompts"], header["targets"])]}
+            result = function(data, header["shape"], header["prompts"], header["targets"], header.get("extra"))
+            answer = json.dumps({"result": result}).encode()
         except Exception:
-            answer = {"error": traceback.format_exc(limit=5)}
-        answers.write(json.dumps(answer).encode() + b"\n")
+            answer = json.dumps({"error": traceback.format_exc(limit=5)}).encode()
+        answers.write(answer + b"\n")
         answers.flush()
