@@ -156,3 +156,10 @@ def test_a_missing_detector_directory_is_named_before_the_child_starts(tmp_path)
     missing.mkdir()
     with pytest.raises(FileNotFoundError, match=f"detector='{missing}' has no config.json"):
         GenEvalScorer(GenEvalParams(detector=str(missing), clip=str(clip)))
+
+
+def test_a_config_written_for_the_served_detector_is_told_to_use_geneval_server():
+    from verl_omni.utils.reward_score.base import build_params
+
+    with pytest.raises(ValueError, match=r"rewards\.0\.params: unknown parameter\(s\) \['url'\].*geneval_server"):
+        build_params(GenEvalParams, {"url": "http://host:8090/detect"}, "rewards.0.params")

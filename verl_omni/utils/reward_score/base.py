@@ -192,7 +192,10 @@ def build_params(params_cls: type[BaseConfig], params: dict[str, Any] | None, ke
     names = set(params_cls.__dataclass_fields__) - {"_target_"}
     unknown = sorted(set(params) - names)
     if unknown:
-        raise ValueError(f"{key}: unknown parameter(s) {unknown}; {params_cls.__name__} accepts {sorted(names)}")
+        # a parameter another scorer now takes: say which (``moved_parameters`` on the params class)
+        moved = getattr(params_cls, "moved_parameters", {})
+        hints = "".join(f"; {name}: {moved[name]}" for name in unknown if name in moved)
+        raise ValueError(f"{key}: unknown parameter(s) {unknown}; {params_cls.__name__} accepts {sorted(names)}{hints}")
     try:
         return params_cls(**params)
     except ValueError as e:

@@ -111,6 +111,12 @@ class GenEvalParams(GenEvalChecks):
 
     # the checkpoint directories, for the scorer table's "needs" column
     weight_fields: ClassVar[tuple[str, ...]] = ("detector", "clip")
+    # what a config written for the served detector (this scorer's parameters before it ran the detector itself)
+    # is told
+    moved_parameters: ClassVar[dict[str, str]] = {
+        "url": "a served detector is the scorer geneval_server (type: geneval_server, params.url); geneval runs "
+        "the detector itself from params.detector and params.clip"
+    }
 
     detector: str = ""
     clip: str = ""
