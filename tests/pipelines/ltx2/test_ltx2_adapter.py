@@ -81,6 +81,39 @@ def test_prompt_ids_are_the_pipelines_unpadded_gemma_ids(pipe):
     assert LTX2TrainingAdapter.prompt_token_ids(tokenizer, "") == [tokenizer.bos_token_id]
 
 
+def test_the_rollouts_conditioning_from_prompt_ids_is_the_pipelines_from_text(pipe):
+    """The rollout pipeline's ``conditioning`` (the adapter's ids, left-padded to 1024, through Gemma 3 and the text
+    connectors) gives the contexts diffusers' ``LTX2Pipeline`` makes from the text, the empty negative prompt
+    included, one row per sample. Run on the diffusers components (the method reads only them)."""
+    from types import SimpleNamespace
+
+    from verl_omni.pipelines.diffusers_rollout import DiffusersRolloutMixin
+    from verl_omni.pipelines.ltx2.rollout_pipeline import LTX2LogProbPipeline
+
+    prompt = "a red cat on a chair"
+    ids = LTX2TrainingAdapter.prompt_token_ids(pipe.tokenizer, prompt)
+    requests = [SimpleNamespace(prompt_token_ids=ids, negative_prompt_token_ids=None, num_samples=2)]
+    parts = ("tokenizer", "text_encoder", "connectors")
+    host = SimpleNamespace(**{k: getattr(pipe, k) for k in parts}, device=torch.device("cpu"))
+    host.per_sample = DiffusersRolloutMixin.per_sample
+    with torch.no_grad():
+        cond = LTX2LogProbPipeline.conditioning(host, requests, negative=False)
+        cond |= LTX2LogProbPipeline.conditioning(host, requests, negative=True)
+        embeds, mask, negative, negative_mask = pipe.encode_prompt(prompt, "", device="cpu")
+        video, audio, _ = pipe.connectors(embeds, mask)
+        negative_video, negative_audio, _ = pipe.connectors(negative, negative_mask)
+    expected = {
+        "prompt_embeds": video,
+        "audio_prompt_embeds": audio,
+        "negative_prompt_embeds": negative_video,
+        "negative_audio_prompt_embeds": negative_audio,
+    }
+    for key, value in expected.items():
+        assert cond[key].shape == (2, 1024, value.shape[-1]), key
+        torch.testing.assert_close(cond[key], value.expand(2, -1, -1), rtol=0, atol=1e-6, msg=key)
+    assert not torch.equal(cond["prompt_embeds"], cond["negative_prompt_embeds"])
+
+
 def _recorded_pipeline_velocities(pipe, guidance: dict):
     """The velocities (and the latents they step) of each stream's scheduler steps of one diffusers run, and
     the connectors' contexts the transformer read."""

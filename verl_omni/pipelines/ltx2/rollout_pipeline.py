@@ -2,10 +2,10 @@
 
 Named by ``LTX2TrainingAdapter.rollout_pipeline``; vLLM-Omni loads it as the custom pipeline of an
 ``LTX2Pipeline`` checkpoint. It keeps vLLM-Omni's components, latents (video drawn before audio from
-each sample's generator), guidance passes and denoising loop (``run_phase``, on the σ the adapter sets, :meth:`LTX2LogProbPipeline._schedule`), and replaces
-one thing: the step. vLLM-Omni steps the two streams
-with one Euler update each on the same σ; here :meth:`_denoise_step` hands the recorder the
-concatenated video and audio tokens and their guided velocities, so that one SDE step (and its
+each sample's generator), guidance passes and denoising loop (``run_phase``, on the σ the adapter
+sets, :meth:`LTX2LogProbPipeline._schedule`), and replaces one thing: the step. vLLM-Omni steps the
+two streams with one Euler update each on the same σ; here :meth:`_denoise_step` hands the recorder
+the concatenated video and audio tokens and their guided velocities, so that one SDE step (and its
 log-prob) covers both streams, and splits the result back. The guidance is vLLM-Omni's with CFG
 only: the video at ``true_cfg_scale``, the audio at ``audio_cfg_scale`` (``model_kwargs``); its STG,
 modality guidance and rescale stay off (the replay computes the same, ``training_adapter``).
