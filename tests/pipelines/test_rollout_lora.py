@@ -62,3 +62,28 @@ def test_model_without_fused_layers_only_renames():
     assert sorted(out) == sorted(
         f"{PEFT_PREFIX}transformer_blocks.0.attn.{m}.lora_{p}.weight" for m in ("to_q", "to_out") for p in "AB"
     )
+
+
+def test_a_fused_layer_named_by_a_trailing_path_fuses_only_those_sub_layers():
+    """LTX-2's rollout fuses the video self-attention's q/k/v (``attn1.to_qkv``) and keeps the audio self-attention's
+    (``audio_attn1``, a name ending in ``attn1`` but not on a ``.`` boundary) and the cross-attentions' apart."""
+    from verl_omni.pipelines.ltx2.training_adapter import LTX2TrainingAdapter
+
+    block = "transformer_blocks.0"
+    attentions = ("attn1", "audio_attn1", "attn2")
+    tensors = _lora([f"{block}.{attention}.{s}" for attention in attentions for s in SUBS])
+    config, out = LTX2TrainingAdapter.rollout_lora(tensors, {"r": 2, "lora_alpha": 2, "target_modules": list(SUBS)})
+
+    assert config["target_modules"] == ["to_k", "to_q", "to_qkv", "to_v"] and config["r"] == 6
+    fused = f"{PEFT_PREFIX}{block}.attn1.to_qkv"
+    a, b = out[f"{fused}.lora_A.weight"], out[f"{fused}.lora_B.weight"]
+    for i, sub in enumerate(SUBS):
+        expected = tensors[f"{block}.attn1.{sub}.lora_B.weight"] @ tensors[f"{block}.attn1.{sub}.lora_A.weight"]
+        assert torch.equal((b @ a)[6 * i : 6 * (i + 1)], expected)
+    kept = sorted(k for k in out if not k.startswith(fused))
+    assert kept == sorted(
+        f"{PEFT_PREFIX}{block}.{attention}.{s}.lora_{p}.weight"
+        for attention in attentions[1:]
+        for s in SUBS
+        for p in "AB"
+    )

@@ -1,7 +1,7 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
 ``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
-the two-expert A14B), Wan2.2 I2V-A14B, Qwen-Image-Edit, FLUX.1-Kontext): the same command with only
+the two-expert A14B), Wan2.2 I2V-A14B, LTX-2 (video with sound), Qwen-Image-Edit, FLUX.1-Kontext): the same command with only
 ``actor_rollout_ref.model.path`` changed (every other default works for every model; the video models also sample 5
 frames, the editing models and the image-to-video one read an editing set, Qwen-Image-Edit conditioning its source
 images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32²
@@ -11,7 +11,7 @@ the replica colocated with the rank (``trainer.colocate_rollout``, the one-GPU l
 split over 2 workers of its own pool instead, ``MODEL_ARGS``), 2 steps, the
 actor recomputes log π_old, a checkpoint every step with ``trainer.max_actor_ckpt_to_keep=1``; the
 saved LoRA loads in the model's diffusers pipeline and changes its image (a video model's: its video, and its
-validation writes mp4s a player decodes). The A14B's window (every step, the default) has steps of both experts,
+validation writes mp4s a player decodes, LTX-2's with their sound). The A14B's window (every step, the default) has steps of both experts,
 so its log π_old bound holds on both sides of the boundary, and its two LoRA files load into both experts.
 
 The multi-replica run, its resume and the output-directory checks are ``test_flowgrpo_e2e.py``: a file
@@ -42,6 +42,7 @@ MODELS = (
     "wan2_2",
     "wan2_2_a14b",
     "wan2_2_i2v_a14b",
+    "ltx2",
     "qwen_image_edit",
     "flux_kontext",
 )
@@ -65,6 +66,9 @@ MODEL_ARGS = {
     ),
     # the image-to-video A14B: the editing set's 32² images are the first frames
     "wan2_2_i2v_a14b": ("actor_rollout_ref.rollout.num_frames=5",),
+    # LTX-2: 9 frames (8k + 1: two latent frames) and their sound, denoised as one latent; the release's CFG (video 3,
+    # audio 7) with the empty negative prompt
+    "ltx2": ("actor_rollout_ref.rollout.num_frames=9",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
 # the models whose prompts carry source images (an editing set; the image-to-video model's first frames)
@@ -94,11 +98,16 @@ def one(request, tiny_model, ray_cluster, prompt_files, edit_prompt_files, tmp_p
     return out, records, model, request.param
 
 
-def check_videos(run, model) -> None:
-    """A video model's validation writes an mp4 per sample that a player decodes to its frames; an image model none."""
+# the models with sound: their validation mp4s carry it (channels, rate)
+SOUND = {"ltx2": (2, 24_000)}
+
+
+def check_videos(run, model, name) -> None:
+    """A video model's validation writes an mp4 per sample that a player decodes to its frames (and, for a model with
+    sound, to its audio track); an image model none."""
     import json
 
-    from verl_omni.utils.video import read_frames
+    from verl_omni.utils.video import read_audio, read_frames
 
     videos = sorted(run.glob(f"images/val_step_{STEPS}/sample_*.mp4"))
     frames = PIPELINE_ARGS.get(json.loads((model / "model_index.json").read_text())["_class_name"], {})
@@ -108,12 +117,18 @@ def check_videos(run, model) -> None:
     assert videos, "no validation videos"
     for path in videos:
         assert read_frames(path).shape == (frames["num_frames"], 3, 32, 32)
+        if name in SOUND:
+            wave, rate = read_audio(path)
+            assert (wave.shape[0], rate) == SOUND[name] and float(wave.abs().max()) > 0
+        else:
+            with pytest.raises(ValueError, match="has no audio stream"):
+                read_audio(path)
 
 
 def test_one_replica_one_rank_trains_logs_and_syncs(one):
     run, records, model, name = one
     check_summary(run, model, STEPS)
-    check_videos(run, model)
+    check_videos(run, model, name)
     check_run(
         run,
         records,

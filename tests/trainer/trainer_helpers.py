@@ -186,6 +186,7 @@ def check_run(
 PIPELINE_ARGS = {
     "WanPipeline": {"num_frames": 5},
     "WanImageToVideoPipeline": {"num_frames": 5},
+    "LTX2Pipeline": {"num_frames": 9},
     "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False},
 }
 

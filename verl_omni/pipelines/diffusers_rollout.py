@@ -117,8 +117,11 @@ class DiffusersRolloutMixin:
         images: torch.Tensor,
         conditioning: dict[str, torch.Tensor],
         packed: bool,
+        audio: torch.Tensor | None = None,
+        audio_sample_rate: int | None = None,
     ) -> list[DiffusionOutput]:
-        """One output per request: its images and its trajectory (latents packed unless ``packed`` already)."""
+        """One output per request: its images and its trajectory (latents packed unless ``packed`` already) and,
+        for a model with sound, its samples' ``audio`` waveforms ``[N, channels, samples]`` at ``audio_sample_rate``."""
         if not all_finite(images):
             raise FloatingPointError("decoded rollout images have non-finite pixels")
         outputs = []
@@ -133,7 +136,8 @@ class DiffusersRolloutMixin:
                 if CLEAN_LATENTS_KEY in trajectory:
                     trajectory[CLEAN_LATENTS_KEY] = pack_latents(trajectory[CLEAN_LATENTS_KEY])
             trajectory |= self._request_conditioning(conditioning, rows)
-            outputs.append(request_output(images[rows.start : rows.stop], trajectory))
+            sound = None if audio is None else audio[rows.start : rows.stop]
+            outputs.append(request_output(images[rows.start : rows.stop], trajectory, sound, audio_sample_rate))
         return outputs
 
 

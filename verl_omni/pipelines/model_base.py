@@ -105,7 +105,8 @@ class ModelAdapter:
             trained module's own (diffusers) names under it and the rollout's loader maps them (fused qkv...).
             None: the model has no full-weight sync (LoRA only).
         rollout_fused_lora_modules (`tuple[tuple[str, tuple[str]]]`): ``(fused layer, sub-layers in slice order)``
-            (leaf names, rollout naming) of fused rollout layers whose sub-layer adapters vLLM-Omni's LoRA manager
+            (leaf names, or trailing paths such as ``attn1.to_q`` when only some layers of that leaf name are fused;
+            rollout naming) of fused rollout layers whose sub-layer adapters vLLM-Omni's LoRA manager
             does not route itself (it derives that routing from the model's ``stacked_params_mapping``; a model
             without one lists its fused layers here): :meth:`rollout_lora` fuses those adapters into one
             (:mod:`verl_omni.pipelines.rollout_lora`).

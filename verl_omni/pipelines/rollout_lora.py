@@ -40,6 +40,15 @@ def _split(name: str) -> tuple[str, str]:
     raise ValueError(f"LoRA tensor {name!r} is neither a lora_A nor a lora_B weight (peft's state-dict naming)")
 
 
+def _fused_sub_layer(module: str, sub_to_fused: Mapping[str, Any]) -> tuple[str, str] | None:
+    """``(prefix, sub-layer)`` when ``module`` ends, on a ``.`` boundary, with a fused layer's sub-layer path (a
+    leaf name ``to_q``, or a trailing path ``attn1.to_q`` when only some attentions of a block are fused)."""
+    for sub in sub_to_fused:
+        if module == sub or module.endswith(f".{sub}"):
+            return module[: -len(sub)].rstrip("."), sub
+    return None
+
+
 def fuse_lora_modules(
     tensors: Mapping[str, torch.Tensor], fused_layers: Iterable[tuple[str, tuple[str, ...]]]
 ) -> tuple[dict[str, torch.Tensor], int]:
@@ -47,7 +56,9 @@ def fuse_lora_modules(
 
     Args:
         tensors: ``<module>.lora_A.weight`` / ``<module>.lora_B.weight`` (rollout module names).
-        fused_layers: ``(fused layer, sub-layers in slice order)``, leaf names (``("to_qkv", ("to_q", "to_k", "to_v"))``).
+        fused_layers: ``(fused layer, sub-layers in slice order)``, leaf names (``("to_qkv", ("to_q", "to_k", "to_v"))``)
+            or trailing paths of one prefix (``("attn1.to_qkv", ("attn1.to_q", "attn1.to_k", "attn1.to_v"))``: the
+            other attentions' ``to_q`` stay unfused).
 
     Returns:
         The tensors with each fused group replaced by one adapter of the fused layer, and the largest
@@ -58,12 +69,13 @@ def fuse_lora_modules(
     out: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         module, weight = _split(name)
-        prefix, _, leaf = module.rpartition(".")
-        if leaf not in sub_to_fused:
+        match = _fused_sub_layer(module, sub_to_fused)
+        if match is None:
             out[name] = tensor
             continue
-        fused = sub_to_fused[leaf][0]
-        groups.setdefault((prefix, fused), {}).setdefault(leaf, {})[weight.split(".")[0]] = tensor
+        prefix, sub = match
+        fused = sub_to_fused[sub][0]
+        groups.setdefault((prefix, fused), {}).setdefault(sub, {})[weight.split(".")[0]] = tensor
     factor = 1
     for (prefix, fused), found in sorted(groups.items()):
         subs = sub_to_fused[next(iter(found))][1]
@@ -99,12 +111,14 @@ def fused_peft_config(
             f"target_modules={out.get('target_modules')!r}: a LoRA fused for the rollout needs a list of module "
             "names (model.lora.target_modules), not a pattern"
         )
-    sub_to_fused = {sub: fused for fused, subs in fused_layers for sub in subs}
+    leaf_fused = {sub: fused for fused, subs in fused_layers for sub in subs if "." not in sub}
     targets = []
     for target in out["target_modules"]:
         prefix, _, leaf = target.rpartition(".")
-        fused = sub_to_fused.get(leaf)
+        fused = leaf_fused.get(leaf)
         targets.append(target if fused is None else (f"{prefix}.{fused}" if prefix else fused))
+    # a fused layer named by a trailing path: its sub-layers' leaf targets still name the unfused layers elsewhere
+    targets += [fused.rpartition(".")[2] for fused, subs in fused_layers if any("." in sub for sub in subs)]
     out["target_modules"] = sorted(set(targets))
     rank = int(out["r"])
     alpha_factor = math.sqrt(factor) if out.get("use_rslora") else factor

@@ -9,6 +9,11 @@ its forward, so each request's output here is, batched over its N samples::
 
     DiffusionOutput(output={"payload": {"image": uint8 [N, 3, H, W], "trajectory": {name: tensor}}})
 
+and, for a model that also generates sound (LTX-2), ``"audio"``: float32 waveforms ``[N, channels, samples]`` in
+[-1, 1] in the payload and their rate in the envelope's ``"metadata"`` (``{"audio": {"sample_rate": hz}}``), the
+names vLLM-Omni's output formatter carries to the request output's ``multimodal_output`` (``"audio"``,
+``"audio_sample_rate"``).
+
 * ``image``: the pixels the post-process would have made (:func:`image_pixels`, computed on the device),
   a quarter of the float images' bytes; an envelope whose image is uint8 is final, and the engine passes
   it through (``is_final_pixels_output``, the hook of gap ``final_pixels_postprocess`` in
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
     from vllm_omni.diffusion.data import DiffusionOutput
 
 TRAJECTORY_KEY = "trajectory"
+AUDIO_KEY = "audio"
 
 
 def image_pixels(images: torch.Tensor) -> torch.Tensor:
@@ -78,17 +84,34 @@ def for_transport(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def request_output(images: torch.Tensor, trajectory: dict[str, torch.Tensor]) -> DiffusionOutput:
-    """One request's output: its decoded ``images`` ``[N, 3, H, W]`` in [-1, 1] and its ``trajectory``
-    (recorded tensors and conditioning, on the device or the host), in the layout described above."""
+def request_output(
+    images: torch.Tensor,
+    trajectory: dict[str, torch.Tensor],
+    audio: torch.Tensor | None = None,
+    audio_sample_rate: int | None = None,
+) -> DiffusionOutput:
+    """One request's output: its decoded ``images`` ``[N, 3, H, W]`` in [-1, 1] (a video model's ``[N, 3, F, H, W]``),
+    its ``trajectory`` (recorded tensors and conditioning, on the device or the host) and, for a model with sound,
+    its ``audio`` waveforms ``[N, channels, samples]`` at ``audio_sample_rate`` Hz, in the layout described above."""
     # imported here: the client (``engine.unpack_request_output``) uses this module without vLLM-Omni loaded
     from vllm_omni.diffusion.data import DiffusionOutput
 
+    if audio is not None and audio_sample_rate is None:
+        raise ValueError("request_output: audio needs its audio_sample_rate")
     if not final_pixels_passthrough():
+        if audio is not None:
+            raise NotImplementedError(
+                "audio leaves the rollout in the final-pixels envelope only: this vLLM-Omni version does not pass it "
+                "through (gap final_pixels_postprocess, verl_omni.utils.vllm_omni_compat)"
+            )
         host = {name: value.detach().cpu() for name, value in trajectory.items()}
         return DiffusionOutput(output=images.float(), trajectory_latents=host)
     payload = {
         IMAGE_KEY: for_transport(image_pixels(images)),
         TRAJECTORY_KEY: {name: for_transport(value) for name, value in trajectory.items()},
     }
-    return DiffusionOutput(output={ENVELOPE_KEY: payload})
+    envelope: dict = {ENVELOPE_KEY: payload}
+    if audio is not None:
+        payload[AUDIO_KEY] = for_transport(audio.detach().float())
+        envelope["metadata"] = {"audio": {"sample_rate": int(audio_sample_rate)}}
+    return DiffusionOutput(output=envelope)

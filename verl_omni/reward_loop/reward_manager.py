@@ -5,7 +5,8 @@ Inputs per sample: ``batch[image_key]`` uint8 ``[3, H, W]`` (or a video ``[F, 3,
 ``non_tensor_batch[prompt_key]`` (text, or chat messages whose last user turn is the prompt and
 holds the source images of an edit) and, optionally, ``non_tensor_batch[ground_truth_key]`` (text,
 or a dict with ``ground_truth``), ``non_tensor_batch[source_images_key]`` (``source_images.py``) and,
-when the rollout output has sound, ``batch[audio_key]`` (float32 waveforms ``[samples]``) with
+when the rollout output has sound, ``batch[audio_key]`` (float32 waveforms ``[samples]``, or ``[channels,
+samples]``, averaged to the mono waveform the scorers read) with
 ``non_tensor_batch["<audio_key>_sample_rate"]`` (Hz).
 """
 
@@ -69,7 +70,7 @@ class DiffusionRewardManager(RewardManagerBase):
         return ScoreBatch(data.batch[cfg.image_key], prompts, targets, sources, audio, sample_rate)
 
     def audio(self, data: DataProto) -> tuple[list[torch.Tensor] | None, int | None]:
-        """Each sample's float32 waveform and their one sample rate; ``(None, None)`` when ``data`` has no audio."""
+        """Each sample's float32 mono waveform and their one sample rate; ``(None, None)`` when ``data`` has no audio."""
         key = self.reward_config.audio_key
         if key not in data.batch.keys():
             return None, None
@@ -82,7 +83,8 @@ class DiffusionRewardManager(RewardManagerBase):
         rates = {int(r) for r in data.non_tensor_batch[rate_key]}
         if len(rates) != 1:
             raise ValueError(f"non_tensor_batch[{rate_key!r}] must hold one sample rate for the batch, got {rates}")
-        return [wave.float().cpu() for wave in data.batch[key]], rates.pop()
+        # a stereo track (LTX-2's vocoder) reaches the scorers as its mono mix
+        return [(wave.mean(dim=0) if wave.ndim == 2 else wave).float().cpu() for wave in data.batch[key]], rates.pop()
 
     def source_images(self, data: DataProto, raw_prompts) -> list[list[torch.Tensor]] | None:
         """Each sample's source images (``source_images.py``); None when no sample has any (text-to-image)."""

@@ -176,3 +176,41 @@ def test_select_keeps_the_samples_audio():
     waves = [sine(440, 0.1, RATE), sine(880, 0.2, RATE)]
     one = ScoreBatch(frames(2), ["a", "b"], audio=waves, sample_rate=RATE).select(1)
     assert one.audio[0] is waves[1] and one.sample_rate == RATE and np.isclose(len(one.audio[0]), 3200)
+
+
+def test_the_reward_manager_hands_clap_a_rollouts_stereo_sound_as_its_mono_mix(tiny_clap_dir):
+    """A video model's rollout batch as the agent loop writes it (videos, stereo waveforms ``[B, 2, samples]`` under
+    ``audio``, their rates under ``audio_sample_rate``: LTX-2's vocoder makes 24 kHz stereo) reaches the ``clap``
+    entry of the reward manager: each reward is the CLAP cosine of the sample's mono mix, resampled to the model's
+    16 kHz, with its prompt."""
+    from omegaconf import OmegaConf
+    from verl import DataProto
+
+    from verl_omni.agent_loop.agent_loop import AUDIO_KEY, AUDIO_RATE_KEY
+    from verl_omni.reward_loop import DiffusionRewardManager
+    from verl_omni.utils.reward_score.clap import resample
+
+    rate = 24_000
+    stereo = torch.stack(
+        [torch.stack([sine(440, 1.0, rate), sine(660, 1.0, rate)]), torch.stack([sine(2000, 1.0, rate)] * 2)]
+    )
+    videos = torch.stack([torch.full((3, 3, 8, 8), v, dtype=torch.uint8) for v in (51, 204)])
+    data = DataProto.from_dict(
+        tensors={"responses": videos, AUDIO_KEY: stereo},
+        non_tensors={"raw_prompt": np.array(PROMPTS[:2], dtype=object), AUDIO_RATE_KEY: np.array([rate, rate])},
+    )
+    entry = {"type": "clap", "params": {"model_path": str(tiny_clap_dir)}}
+    config = OmegaConf.create(
+        {
+            "reward": {
+                "reward_manager": {"source": "register", "name": "diffusion", "module": {"path": None, "name": None}},
+                "custom_reward_function": {"path": None, "name": "compute_score"},
+                "diffusion": {"scorers": [entry]},
+            }
+        }
+    )
+    out = asyncio.run(DiffusionRewardManager(config).run_batch(data))
+    mono = [resample(wave.mean(dim=0), rate, RATE) for wave in stereo]
+    expected = reference_cosines(tiny_clap_dir, mono, PROMPTS[:2])
+    assert [o["reward_score"] for o in out] == pytest.approx(expected, abs=1e-5)
+    assert expected[0] != pytest.approx(expected[1], abs=1e-4)

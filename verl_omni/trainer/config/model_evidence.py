@@ -293,6 +293,18 @@ MODELS: dict[str, Model] = {
             "gpu": NEW_MODELS_GPU,
         },
     ),
+    "LTX2TrainingAdapter": Model(
+        "LTX-2 (text to video with its audio track)",
+        {
+            "rollout": rollout_engine("ltx2"),
+            # over the joint latent: the video tokens and the audio tokens of each step
+            "replay": engine_replay("ltx2"),
+            "trainer": trainer_run("ltx2"),
+            # the run's summary loads the trained LoRA into diffusers' LTX2Pipeline and it changes the video
+            "lora_diffusers": trainer_run("ltx2"),
+            "video": rollout_engine("ltx2"),
+        },
+    ),
     "QwenImageEditTrainingAdapter": Model(
         "Qwen-Image-Edit",
         {

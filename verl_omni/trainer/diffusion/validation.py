@@ -12,6 +12,7 @@ import logging
 import numpy as np
 import torch
 
+from verl_omni.agent_loop.agent_loop import AUDIO_KEY, AUDIO_RATE_KEY
 from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop
 from verl_omni.trainer.diffusion.run_dir import complete_steps
 from verl_omni.trainer.diffusion.tracking import log_image_grid, log_videos
@@ -37,12 +38,15 @@ class ValidationSteps:
             return self._validation_samples()
 
     def _validation_samples(self) -> dict[str, float]:
-        images, scores, prompts = [], [], []
+        images, scores, prompts, sounds = [], [], [], []
         for batch_dict in self.val_dataloader:
             batch = self._generate(self._prompt_batch(batch_dict, 1, validate=True), {})
             if "rm_scores" not in batch.batch.keys():
                 batch = self._compute_reward(batch, {})
             images.append(batch.batch["responses"])
+            if AUDIO_KEY in batch.batch.keys():
+                rates = batch.non_tensor_batch[AUDIO_RATE_KEY]
+                sounds.extend(zip(batch.batch[AUDIO_KEY], (int(r) for r in rates), strict=True))
             scores.append(batch.batch["rm_scores"].float())
             prompts.extend(prompt_text(p, "raw_prompt") for p in batch.non_tensor_batch["raw_prompt"])
         images, scores = torch.cat(images), torch.cat(scores)
@@ -51,7 +55,7 @@ class ValidationSteps:
         grid = save_grid(shown, per_row=int(np.ceil(np.sqrt(len(shown)))), path=path)
         log_image_grid(self.tracker, "val/images", grid, self.global_steps)
         if shown.ndim == 5:
-            self._save_videos(shown)
+            self._save_videos(shown, sounds[: len(shown)])
         logger.info("validation at step %d: mean score %.4f, grid %s", self.global_steps, scores.mean(), path)
         metrics = {
             "val/score/mean": scores.mean().item(),
@@ -80,10 +84,16 @@ class ValidationSteps:
         self.write_summary(interrupted=False, stop_reason=alarm.reason())
         raise GuardStop(alarm)
 
-    def _save_videos(self, videos: torch.Tensor) -> None:
+    def _save_videos(self, videos: torch.Tensor, sounds: list[tuple[torch.Tensor, int]]) -> None:
         """Validation videos ``[N, F, 3, H, W]``: an mp4 per sample beside the grid (the contact sheet, frames side
-        by side), at the model's frame rate, and to the video-capable trackers (wandb: the mp4s; tensorboard: GIFs)."""
+        by side), at the model's frame rate, with the sample's sound track when the model makes sound (``sounds``:
+        per video its waveform and rate; empty for a silent model), and to the video-capable trackers (wandb: the
+        mp4s; tensorboard: GIFs)."""
         folder = self.local_dir / "images" / f"val_step_{self.global_steps}"
         fps = self.configs.model.adapter.video_fps
-        paths = [write_mp4(video, folder / f"sample_{i}.mp4", fps) for i, video in enumerate(videos)]
+        tracks = sounds or [(None, None)] * len(videos)
+        paths = [
+            write_mp4(video, folder / f"sample_{i}.mp4", fps, audio=wave, sample_rate=rate)
+            for i, (video, (wave, rate)) in enumerate(zip(videos, tracks, strict=True))
+        ]
         log_videos(self.tracker, "val/videos", videos, paths, fps, self.global_steps)

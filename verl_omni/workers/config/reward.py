@@ -105,8 +105,8 @@ class DiffusionRewardConfig(BaseConfig):
         source_images_key (str | None): ``non_tensor_batch`` key of each sample's source images (an
             edit's inputs: a list of images, or verl's ``multi_modal_data`` dict); None reads them from
             the image parts of the prompt's last user turn, where verl's dataset puts them. Default None.
-        audio_key (str): ``DataProto.batch`` key of each sample's float32 waveform ``[B, samples]``, read only
-            when the rollout output has it (a model that makes sound, for an audio scorer such as ``clap``); its
+        audio_key (str): ``DataProto.batch`` key of each sample's float32 waveform ``[B, samples]`` or
+            ``[B, channels, samples]`` (averaged to mono for the scorers), read only when the rollout output has it (a model that makes sound, for an audio scorer such as ``clap``); its
             sample rate in Hz is ``non_tensor_batch["<audio_key>_sample_rate"]``, one per sample. Default ``audio``.
     """
 

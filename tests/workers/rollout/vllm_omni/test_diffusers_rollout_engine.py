@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / LTX-2 (video with audio) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -38,6 +38,9 @@ MODELS = {
     # the two experts (4 steps: timesteps 1000 and 937.5 are the high-noise expert's, 833 and 625 the other's), the
     # source image (40x24) resized to the video's first frame
     "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
+    # video and audio denoised as one latent (2 latent frames of 1x2 cells, then the audio tokens); the release's
+    # per-stream CFG scales (video 3, audio 7)
+    "ltx2": {"true_cfg_scale": 3.0, "num_frames": 9, "width": 2 * W, "model_kwargs": {"audio_cfg_scale": 7.0}},
     # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
     # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
@@ -48,6 +51,8 @@ MODELS = {
     # the source image conditioned at its own size (40x24, a grid unlike the output's), the guidance embedded
     "flux_kontext": {"guidance_scale": 2.5},
 }
+# the models with sound: the vocoder's channels and rate (the tiny LTX-2's is the release's stereo 24 kHz)
+AUDIO = {"ltx2": (2, 24_000)}
 # the editing models whose prompt embeddings read the source image too (Qwen2.5-VL); FLUX.1-Kontext's are text only
 IMAGE_IN_PROMPT = ("qwen_image_edit", "qwen_image_edit_plus")
 
@@ -110,6 +115,14 @@ def test_images_finite_log_probs_and_the_adapters_conditioning(loop, model_engin
     expected = size if frames == 1 else (frames, *size)
     assert out.diffusion_output.dtype == torch.uint8 and out.diffusion_output.shape == expected
     assert int(out.diffusion_output.max()) > int(out.diffusion_output.min())
+    if model_name in AUDIO:
+        channels, rate = AUDIO[model_name]
+        assert out.audio_sample_rate == rate and out.audio.dtype == torch.float32
+        # the vocoder's 240 samples per mel frame (100 mel frames a second at 24 kHz)
+        assert out.audio.shape[0] == channels and out.audio.shape[1] % 240 == 0 and out.audio.shape[1] > 0
+        assert float(out.audio.abs().max()) <= 1.0 and float(out.audio.std()) > 0
+    else:
+        assert out.audio is None and out.audio_sample_rate is None
     assert out.rollout_log_probs.shape == (WINDOW,) and bool(torch.isfinite(out.rollout_log_probs).all())
     extra = out.extra_fields
     assert extra["all_latents"].ndim == 1 + adapter.latent_ndim and extra["all_latents"].shape[0] == WINDOW + 1
@@ -197,6 +210,9 @@ LORA_LAYERS = {
     "wan2_2": 12,
     # both experts (two blocks and one)
     "wan2_2_i2v_a14b": 18,
+    # per block: the video self-attention's fused to_qkv and its to_out, and to_q, to_k, to_v, to_out of the audio
+    # self-attention (unfused), the video and audio text cross-attentions, the audio-to-video and video-to-audio ones
+    "ltx2": 44,
     "qwen_image_edit": 8,
     "qwen_image_edit_plus": 8,
     "flux_kontext": 5,

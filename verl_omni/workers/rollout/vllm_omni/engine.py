@@ -16,7 +16,7 @@ import torch
 
 from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
-from verl_omni.pipelines.rollout_output import all_finite
+from verl_omni.pipelines.rollout_output import AUDIO_KEY, all_finite
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.workers.config.rollout import (
@@ -157,16 +157,40 @@ def unpack_request_output(output, num_outputs_per_prompt: int) -> list[Diffusion
         name: list(value.unbind(0)) if value.shape[0] > 1 else [value[0]] * num_outputs_per_prompt
         for name, value in trajectory.items()
     }
+    audio, audio_sample_rate = _request_audio(output, num_outputs_per_prompt)
     outputs = []
     for i, image in enumerate(images):
         extra = {name: rows[i] for name, rows in columns.items() if name != "rollout_log_probs"}
         extra["window_start"] = int(extra["window_start"])
         outputs.append(
             DiffusionOutput(
-                diffusion_output=image, rollout_log_probs=columns["rollout_log_probs"][i], extra_fields=extra
+                diffusion_output=image,
+                rollout_log_probs=columns["rollout_log_probs"][i],
+                extra_fields=extra,
+                audio=None if audio is None else audio[i],
+                audio_sample_rate=audio_sample_rate,
             )
         )
     return outputs
+
+
+def _request_audio(output, num_outputs_per_prompt: int) -> tuple[torch.Tensor | None, int | None]:
+    """A model with sound: the request's waveforms ``[N, channels, samples]`` and their rate, from the request
+    output's ``multimodal_output`` (``pipelines.rollout_output``); ``(None, None)`` for a silent model."""
+    mm = output.multimodal_output or {}
+    audio = mm.get(AUDIO_KEY)
+    if audio is None:
+        return None, None
+    rate = mm.get("audio_sample_rate")
+    if not isinstance(audio, torch.Tensor) or audio.dim() != 3 or audio.shape[0] != num_outputs_per_prompt or not rate:
+        shape = tuple(audio.shape) if isinstance(audio, torch.Tensor) else type(audio).__name__
+        raise RuntimeError(
+            f"request {output.request_id} returned audio {shape} at rate {rate!r}: a rollout's sound is "
+            f"[{num_outputs_per_prompt}, channels, samples] with its sample rate"
+        )
+    if not all_finite(audio):
+        raise FloatingPointError(f"audio of request {output.request_id} has non-finite samples")
+    return audio, int(rate)
 
 
 class OmniRolloutEngine:

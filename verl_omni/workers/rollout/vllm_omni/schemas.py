@@ -20,6 +20,9 @@ class DiffusionOutput:
             video latent ``[C, F', h, w]`` for video), ``all_timesteps`` [W], ``window_start``,
             ``prompt_embeds`` [L, D], ``prompt_embeds_mask`` [L] and, with CFG,
             ``negative_prompt_embeds`` / ``negative_prompt_embeds_mask``.
+        audio (`torch.Tensor` or None): a model with sound (LTX-2): the sample's waveform ``[channels, samples]``,
+            float32 in [-1, 1]; None for a silent model.
+        audio_sample_rate (`int` or None): the waveform's samples per second.
         stop_reason (`str`): ``"completed"`` or ``"aborted"``.
         num_preempted (`int` or None): kept for parity with verl's ``TokenOutput`` metrics.
     """
@@ -27,6 +30,8 @@ class DiffusionOutput:
     diffusion_output: torch.Tensor
     rollout_log_probs: torch.Tensor
     extra_fields: dict[str, Any] = field(default_factory=dict)
+    audio: torch.Tensor | None = None
+    audio_sample_rate: int | None = None
     stop_reason: str = "completed"
     num_preempted: int | None = None
 
@@ -54,5 +59,6 @@ def own_storage(outputs: list[DiffusionOutput]) -> list[DiffusionOutput]:
     for output in outputs:
         output.diffusion_output = own(output.diffusion_output)
         output.rollout_log_probs = own(output.rollout_log_probs)
+        output.audio = own(output.audio)
         output.extra_fields = {name: own(value) for name, value in output.extra_fields.items()}
     return outputs

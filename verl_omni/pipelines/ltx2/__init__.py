@@ -1,0 +1,1 @@
+"""LTX-2 text-to-video with its audio track."""
