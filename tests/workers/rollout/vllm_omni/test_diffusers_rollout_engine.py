@@ -38,6 +38,10 @@ MODELS = {
     # the two experts (4 steps: timesteps 1000 and 937.5 are the high-noise expert's, 833 and 625 the other's), the
     # source image (40x24) resized to the video's first frame
     "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
+    # HunyuanVideo-1.5: two latent frames of 2x4 latent cells (1x1 patches); image to video: the source image resized
+    # to the first frame, its SigLIP states and first-frame latents recorded
+    "hunyuan_video_1_5": {"true_cfg_scale": 6.0, "num_frames": 5, "width": 2 * W},
+    "hunyuan_video_1_5_i2v": {"true_cfg_scale": 6.0, "num_frames": 5},
     # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
     # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
@@ -197,6 +201,9 @@ LORA_LAYERS = {
     "wan2_2": 12,
     # both experts (two blocks and one)
     "wan2_2_i2v_a14b": 18,
+    # per block: the self-attention's fused to_qkv and to_out.0, the context stream's fused add_kv_proj, to_add_out
+    "hunyuan_video_1_5": 8,
+    "hunyuan_video_1_5_i2v": 8,
     "qwen_image_edit": 8,
     "qwen_image_edit_plus": 8,
     "flux_kontext": 5,
