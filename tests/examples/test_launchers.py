@@ -38,6 +38,7 @@ RECIPES = {
     "wan2_2": "run_wan2_2_5b_ocr_lora.sh",
     "wan2_2_a14b": "run_wan2_2_a14b_ocr_lora.sh",
     "wan2_2_i2v_a14b": "run_wan2_2_i2v_a14b_vlm_judge_lora.sh",
+    "hunyuan_video_1_5": "run_hunyuan_video_1_5_ocr_lora.sh",
     "qwen_image_edit": "run_qwen_image_edit_vlm_judge_lora.sh",
     "flux_kontext": "run_flux_kontext_vlm_judge_lora.sh",
 }
