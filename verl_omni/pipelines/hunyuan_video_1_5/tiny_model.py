@@ -48,6 +48,9 @@ def _transformer(image_embed_dim: int):
         image_embed_dim=image_embed_dim,
         # time, height, width parts of a head's rotary embedding (the released 16 + 56 + 56 of 128)
         rope_axes_dim=(8, 8, 8),
+        # the side of the size buckets diffusers' image-to-video pipeline picks from (the released 480p's 640): a
+        # 32-pixel source image samples at 32², not at 640²
+        target_size=32,
     )
 
 
