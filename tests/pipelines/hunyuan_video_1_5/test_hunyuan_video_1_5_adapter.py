@@ -20,7 +20,10 @@ from verl_omni.pipelines.hunyuan_video_1_5.training_adapter import (
     HunyuanVideo15TrainingAdapter,
 )
 
-ADAPTERS = {"hunyuan_video_1_5": HunyuanVideo15TrainingAdapter, "hunyuan_video_1_5_i2v": HunyuanVideo15I2VTrainingAdapter}
+ADAPTERS = {
+    "hunyuan_video_1_5": HunyuanVideo15TrainingAdapter,
+    "hunyuan_video_1_5_i2v": HunyuanVideo15I2VTrainingAdapter,
+}
 
 
 @pytest.mark.parametrize("name", sorted(ADAPTERS))

@@ -297,6 +297,10 @@ MODELS: dict[str, Model] = {
         {
             "rollout": rollout_engine("hunyuan_video_1_5_i2v"),
             "replay": engine_replay("hunyuan_video_1_5_i2v"),
+            "lora_diffusers": EvidenceTest(
+                "tests/pipelines/hunyuan_video_1_5/test_hunyuan_video_1_5_adapter.py",
+                "test_i2v_lora_saved_by_the_checkpoint_loads_as_the_summary_prints_and_changes_the_video",
+            ),
             "source_images": source_image("hunyuan_video_1_5_i2v"),
             "video": rollout_engine("hunyuan_video_1_5_i2v"),
         },
