@@ -28,6 +28,9 @@ MODELS = {
     "z_image": {"true_cfg_scale": 4.0, "model_kwargs": {"cfg_truncation": 0.6, "cfg_normalization": 1.0}},
     # a video of 5 frames (two latent frames) at 64² (2×2 transformer patches), the TI2V-5B example's CFG 5
     "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
+    # HunyuanVideo-1.5: 5 frames at 64² (1x1 patches), the released guider's CFG 6; image to video with the source image
+    "hunyuan_video_1_5": {"true_cfg_scale": 6.0, "num_frames": 5},
+    "hunyuan_video_1_5_i2v": {"true_cfg_scale": 6.0, "num_frames": 5},
     # one source image conditioned at the output's area (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": H * W}},
     # two source images, each also read by the vision tower at the output's area (the stock 384²)
