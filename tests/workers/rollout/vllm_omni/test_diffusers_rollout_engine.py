@@ -52,6 +52,11 @@ MODELS = {
     # the source image conditioned at its own size (40x24, a grid unlike the output's), the guidance embedded
     "flux_kontext": {"guidance_scale": 2.5},
 }
+# the prompt a model samples, where not "a red cat on a chair": HunyuanVideo-1.5's quotes a text, which its glyph
+# encoder (ByT5) reads (a prompt without quotes leaves that stream empty)
+PROMPTS = {
+    name: 'a red cat on a chair, a sign that says "OK"' for name in ("hunyuan_video_1_5", "hunyuan_video_1_5_i2v")
+}
 # the editing models whose prompt embeddings read the source image too (Qwen2.5-VL); FLUX.1-Kontext's are text only
 IMAGE_IN_PROMPT = ("qwen_image_edit", "qwen_image_edit_plus")
 
@@ -83,9 +88,9 @@ def model_engine(tiny_path, loop):
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tiny_path, adapter):
+def prompt_ids(model_name, tiny_path, adapter):
     return {
-        "cat": tokenized_prompt(tiny_path, adapter, "a red cat on a chair"),
+        "cat": tokenized_prompt(tiny_path, adapter, PROMPTS.get(model_name, "a red cat on a chair")),
         "negative": tokenized_prompt(tiny_path, adapter, "blurry"),
     }
 
