@@ -39,6 +39,8 @@ RECIPES = {
     "wan2_2_a14b": "run_wan2_2_a14b_ocr_lora.sh",
     "wan2_2_i2v_a14b": "run_wan2_2_i2v_a14b_vlm_judge_lora.sh",
     "ltx2": "run_ltx2_ocr_lora.sh",
+    "hunyuan_video_1_5": "run_hunyuan_video_1_5_ocr_lora.sh",
+    "hunyuan_video_1_5_i2v": "run_hunyuan_video_1_5_i2v_vlm_judge_lora.sh",
     "qwen_image_edit": "run_qwen_image_edit_vlm_judge_lora.sh",
     "flux_kontext": "run_flux_kontext_vlm_judge_lora.sh",
 }

@@ -55,6 +55,9 @@ ALLOWED = {
     ("verl_omni.utils.tiny_models.wan2_2_i2v_a14b", "verl_omni.pipelines.wan2_2_i2v.tiny_model"): (
         "the I2V-A14B's tiny model under the checkpoint's name, built by its model package's builder (as above)"
     ),
+    ("verl_omni.utils.tiny_models.hunyuan_video_1_5_i2v", "verl_omni.pipelines.hunyuan_video_1_5.tiny_model"): (
+        "HunyuanVideo-1.5's image-to-video tiny model under its own name, built by its model package (as above)"
+    ),
 }
 
 TIER_OF = {layer: tier for tier, layers in enumerate(TIERS) for layer in layers}

@@ -1,7 +1,8 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
 ``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
-the two-expert A14B), Wan2.2 I2V-A14B, LTX-2 (video with sound), Qwen-Image-Edit, FLUX.1-Kontext): the same command with only
+the two-expert A14B), Wan2.2 I2V-A14B, LTX-2 (video with sound), HunyuanVideo-1.5 text-to-video, Qwen-Image-Edit,
+FLUX.1-Kontext): the same command with only
 ``actor_rollout_ref.model.path`` changed (every other default works for every model; the video models also sample 5
 frames, the editing models and the image-to-video one read an editing set, Qwen-Image-Edit conditioning its source
 images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32²
@@ -43,6 +44,7 @@ MODELS = (
     "wan2_2_a14b",
     "wan2_2_i2v_a14b",
     "ltx2",
+    "hunyuan_video_1_5",
     "qwen_image_edit",
     "flux_kontext",
 )
@@ -69,6 +71,9 @@ MODEL_ARGS = {
     # LTX-2: 9 frames (8k + 1: two latent frames) and their sound, denoised as one latent; the release's CFG (video 3,
     # audio 7) with the empty negative prompt
     "ltx2": ("actor_rollout_ref.rollout.num_frames=9",),
+    # HunyuanVideo-1.5 text to video (its image-to-video variant's rollout and replay are the engine test's): its
+    # LoRA is loaded by the transformer's load_lora_adapter (diffusers' pipeline has no LoRA loader)
+    "hunyuan_video_1_5": ("actor_rollout_ref.rollout.num_frames=5",),
     "qwen_image_edit": ("+actor_rollout_ref.rollout.model_kwargs.condition_area=1024",),
 }
 # the models whose prompts carry source images (an editing set; the image-to-video model's first frames)

@@ -210,15 +210,15 @@ def test_an_editing_set_with_a_missing_source_image_names_key_file_and_row(compo
     )
 
 
-@pytest.mark.parametrize("builder", ["qwen_image_edit", "wan2_2_i2v_a14b"])
+@pytest.mark.parametrize("builder", ["qwen_image_edit", "wan2_2_i2v_a14b", "hunyuan_video_1_5_i2v"])
 def test_a_model_that_takes_source_images_is_refused_a_text_prompt_set(compose, tiny_model, prompts, builder):
-    """An editor or the image-to-video model given a set without the source-image column (a text prompt set) is
+    """An editor or an image-to-video model given a set without the source-image column (a text prompt set) is
     refused before Ray, naming the key, the file, the model and the fix."""
     from verl_omni.pipelines.model_base import get_model_adapter
 
     path = tiny_model(builder)
     train, _ = prompts
-    frames = ("actor_rollout_ref.rollout.num_frames=5",) if builder == "wan2_2_i2v_a14b" else ()
+    frames = ("actor_rollout_ref.rollout.num_frames=5",) if "i2v" in builder else ()
     message = fails_before_ray(
         compose(*frames, model=path),
         rf"data.train_files: {train} has no source-image column 'images' \(data.image_key\)",
@@ -479,6 +479,7 @@ PAIRING_MODELS = (
     "qwen_image_edit",
     "qwen_image_edit_plus",
     "wan2_2_i2v_a14b",
+    "hunyuan_video_1_5",
 )
 ALGORITHM_NAMES = sorted(p.stem for p in (REPO / "verl_omni" / "trainer" / "config" / "algorithm").glob("*.yaml"))
 # what the models' adapters declare today: BAGEL's rollout records no clean ODE samples (DiffusionNFT's, AWM's and
@@ -515,6 +516,7 @@ def _adapter_name(model: str) -> str:
         "qwen_image_edit": "QwenImageEdit",
         "qwen_image_edit_plus": "QwenImageEditPlus",
         "wan2_2_i2v_a14b": "Wan22I2VA14B",
+        "hunyuan_video_1_5": "HunyuanVideo15",
     }[model]
 
 

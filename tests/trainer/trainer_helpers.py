@@ -187,6 +187,7 @@ PIPELINE_ARGS = {
     "WanPipeline": {"num_frames": 5},
     "WanImageToVideoPipeline": {"num_frames": 5},
     "LTX2Pipeline": {"num_frames": 9},
+    "HunyuanVideo15Pipeline": {"num_frames": 5},
     "FluxKontextPipeline": {"max_area": 32 * 32, "_auto_resize": False},
 }
 
@@ -205,11 +206,15 @@ def check_summary(run, model, steps: int) -> None:
     code = "\n".join(line.strip() for line in lines[lines.index(f"  {DIFFUSERS_HEADER}") + 1 :])
     print(code)
     assert f"from_pretrained({str(model)!r})" in code and f"global_step_{steps}" in code
-    assert "load_lora_weights(" in code
+    # a pipeline without a LoRA loader (HunyuanVideo-1.5's) has its transformer load the file
+    pipeline_lora = "load_lora_weights(" in code
+    assert pipeline_lora or "transformer.load_lora_adapter(" in code
     namespace = {}
     exec(code, namespace)
     pipe = namespace["pipe"]
-    assert pipe.get_active_adapters(), "no LoRA adapter loaded"
+    lora_owner = pipe if pipeline_lora else pipe.transformer
+    active = pipe.get_active_adapters() if pipeline_lora else pipe.transformer.active_adapters()
+    assert active, "no LoRA adapter loaded"
     # every transformer of the pipeline (the A14B's two experts) holds the trained LoRA
     for name in ("transformer", "transformer_2"):
         transformer = getattr(pipe, name, None)
@@ -231,7 +236,7 @@ def check_summary(run, model, steps: int) -> None:
         return out.frames if hasattr(out, "frames") else out.images
 
     tuned = sample()
-    pipe.disable_lora()
+    lora_owner.disable_lora()
     base = sample()
     assert bool(torch.isfinite(tuned).all()) and (tuned - base).abs().max() > 1e-4
     assert Image.open(run / CURVE_FILE).size == (640, 400)

@@ -144,3 +144,28 @@ def test_async_output_handover_is_installed_once_on_its_versions_only(caplog):
         assert not vllm_omni_compat.patch_async_output_handover(installed="0.28.1")
     message = " ".join(r.getMessage() for r in caplog.records if r.name == vllm_omni_compat.__name__)
     assert "async_output_handover" in message and "found 0.28.1" in message and "PIPELINE_GAPS" in message
+
+
+def test_a_checkpoint_is_served_as_its_own_class_where_vllm_omni_would_guess_another_from_its_directory(
+    tmp_path, caplog
+):
+    """vLLM-Omni 0.26 names a HunyuanVideo-1.5 image-to-video checkpoint in a directory whose name holds
+    ``hunyuan_video_15`` as the text-to-video pipeline; the engine's kwargs then name the checkpoint's class. The same
+    checkpoint elsewhere, and a text-to-video one so named, need none; on a version the gap was not seen in, none."""
+    import json
+
+    def checkpoint(directory: str, class_name: str):
+        path = tmp_path / directory
+        path.mkdir()
+        (path / "model_index.json").write_text(json.dumps({"_class_name": class_name}))
+        return path
+
+    i2v = "HunyuanVideo15ImageToVideoPipeline"
+    guessed = checkpoint("tiny_hunyuan_video_15_i2v", i2v)
+    assert vllm_omni_compat.checkpoint_model_class(guessed, installed="0.26.0") == {"model_class_name": i2v}
+    assert vllm_omni_compat.checkpoint_model_class(checkpoint("plain", i2v), installed="0.26.0") == {}
+    t2v = checkpoint("hunyuan_video_15_t2v", "HunyuanVideo15Pipeline")
+    assert vllm_omni_compat.checkpoint_model_class(t2v, installed="0.26.0") == {}
+    with caplog.at_level(logging.WARNING, logger=vllm_omni_compat.__name__):
+        assert vllm_omni_compat.checkpoint_model_class(guessed, installed="0.27.0") == {}
+    assert "model_class_from_directory_name" in caplog.text

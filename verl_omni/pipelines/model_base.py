@@ -91,6 +91,10 @@ class ModelAdapter:
             algorithm's) is refused before Ray starts, naming the key, the model and these values.
         fsdp_wrap_blocks (`tuple[str]`): module class names wrapped one FSDP unit each.
         lora_target_modules (`tuple[str]`): default peft ``target_modules``.
+        lora_exclude_modules (`str` or None): peft ``exclude_modules`` of every LoRA the engine adds (a regular
+            expression a module's full name must match entirely): modules whose names a target matches but that the
+            rollout's transformer keeps as plain layers its LoRA manager cannot bind (HunyuanVideo-1.5's token
+            refiner). None: none.
         lora_file_pipeline (`str` or None): diffusers pipeline whose LoRA file format checkpoints use.
         lora_components (`tuple[str]`): a training module holding several transformers (the A14B's two experts):
             their attribute names, which are the pipeline's component names and the first part of every LoRA
@@ -147,6 +151,7 @@ class ModelAdapter:
     sampler_choices: ClassVar[Mapping[str, tuple[Any, ...]]] = {}
     fsdp_wrap_blocks: ClassVar[tuple[str, ...]] = ()
     lora_target_modules: ClassVar[tuple[str, ...]] = ()
+    lora_exclude_modules: ClassVar[str | None] = None
     lora_file_pipeline: ClassVar[str | None] = None
     lora_components: ClassVar[tuple[str, ...]] = ()
     conditioning_keys: ClassVar[tuple[str, ...]] = ()

@@ -45,6 +45,12 @@ PIPELINE_GAPS = {
     # in ``_completed_outputs`` under a second, separate hold of ``_futures_lock``; ``wait_output_ready`` called
     # between the two holds registers a waiter that nothing resolves (the request hangs with its output parked)
     "async_output_handover": ("0.26.",),
+    # vllm_omni/config/config_factory.py: ``StageConfigFactory._try_infer_model_type``, finding no model type in a
+    # diffusers checkpoint's files, matches the directory's name against its pipeline registry's keys, and that
+    # pipeline's ``model_arch`` then names the served class: a HunyuanVideo-1.5 image-to-video checkpoint in a
+    # directory whose name holds ``hunyuan_video_15`` is served as the text-to-video ``HunyuanVideo15Pipeline`` (its
+    # warm-up sends no source image and fails)
+    "model_class_from_directory_name": ("0.26.",),
 }
 
 
@@ -266,3 +272,24 @@ def patch_async_output_handover(installed: str | None = None) -> bool:
     _gaps_worked_around.add("async_output_handover")
     logger.info("verl_omni engine patch applied: a finished request's output reaches a waiter that registered late")
     return True
+
+
+def checkpoint_model_class(model_path: str | Path, installed: str | None = None) -> dict[str, str]:
+    """``AsyncOmni`` kwargs that serve a diffusers checkpoint as its ``model_index.json`` class: ``{"model_class_name":
+    <_class_name>}`` when vLLM-Omni would infer another pipeline from the directory's name
+    (``model_class_from_directory_name``), else none."""
+    index = Path(model_path) / "model_index.json"
+    if not index.is_file() or not gap_open("model_class_from_directory_name", installed):
+        return {}
+    class_name = json.loads(index.read_text()).get("_class_name")
+    from vllm_omni.config.config_factory import StageConfigFactory
+    from vllm_omni.config.pipeline_registry import OMNI_PIPELINES
+
+    model_type = StageConfigFactory.try_infer_model_type(str(model_path), trust_remote_code=False)
+    inferred = OMNI_PIPELINES.get(model_type)
+    inferred = inferred(None) if callable(inferred) else inferred
+    arch = getattr(inferred, "diffusers_class_name", None)
+    if class_name is None or arch is None or arch == class_name:
+        return {}
+    logger.info("vLLM-Omni infers %s for %s from its directory name: served as its %s", arch, model_path, class_name)
+    return {"model_class_name": class_name}

@@ -305,6 +305,29 @@ MODELS: dict[str, Model] = {
             "video": rollout_engine("ltx2"),
         },
     ),
+    "HunyuanVideo15TrainingAdapter": Model(
+        "HunyuanVideo-1.5 (text to video)",
+        {
+            **{k: v for k, v in diffusers_family("hunyuan_video_1_5").items() if k != "gpu"},
+            # the run's summary loads the trained LoRA into diffusers' pipeline (its transformer's load_lora_adapter)
+            # and it changes the video
+            "lora_diffusers": trainer_run("hunyuan_video_1_5"),
+            "video": rollout_engine("hunyuan_video_1_5"),
+        },
+    ),
+    "HunyuanVideo15I2VTrainingAdapter": Model(
+        "HunyuanVideo-1.5 I2V (one source image)",
+        {
+            "rollout": rollout_engine("hunyuan_video_1_5_i2v"),
+            "replay": engine_replay("hunyuan_video_1_5_i2v"),
+            "lora_diffusers": EvidenceTest(
+                "tests/pipelines/hunyuan_video_1_5/test_hunyuan_video_1_5_adapter.py",
+                "test_i2v_lora_saved_by_the_checkpoint_loads_as_the_summary_prints_and_changes_the_video",
+            ),
+            "source_images": source_image("hunyuan_video_1_5_i2v"),
+            "video": rollout_engine("hunyuan_video_1_5_i2v"),
+        },
+    ),
     "QwenImageEditTrainingAdapter": Model(
         "Qwen-Image-Edit",
         {

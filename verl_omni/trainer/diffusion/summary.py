@@ -31,6 +31,7 @@ from verl_omni.workers.engine.fsdp.checkpoint import (
     TRANSFORMER_DIR,
     TRANSFORMER_EMA_DIR,
     lora_load_calls,
+    pipeline_loads_lora,
 )
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,10 @@ def diffusers_lines(pipeline: str | None, model_path: str, lora: Path | None) ->
     if pipeline is None or lora is None:
         return []
     lines = [f"from diffusers import {pipeline}", f"pipe = {pipeline}.from_pretrained({str(model_path)!r})"]
+    if not pipeline_loads_lora(pipeline):
+        # a pipeline without a LoRA loader: its transformer reads the file (the tensors' transformer. prefix dropped)
+        file = str(Path(lora) / LORA_WEIGHT_NAME)
+        return [*lines, f"pipe.transformer.load_lora_adapter({file!r}, prefix='transformer')"]
     # one call per LoRA file (a two-expert model's second file goes into its transformer_2)
     for kwargs in lora_load_calls(lora):
         args = "".join(f", {key}={value!r}" for key, value in kwargs.items())

@@ -26,7 +26,13 @@ def random_lora_module(adapter, model_path):
     module = adapter.build_module(model_path).eval()
     torch.manual_seed(0)
     module.add_adapter(
-        LoraConfig(r=4, lora_alpha=8, target_modules=list(adapter.lora_target_modules), init_lora_weights=False)
+        LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=list(adapter.lora_target_modules),
+            exclude_modules=adapter.lora_exclude_modules,
+            init_lora_weights=False,
+        )
     )
     return module
 

@@ -41,6 +41,10 @@ MODELS = {
     # video and audio denoised as one latent (2 latent frames of 1x2 cells, then the audio tokens); the release's
     # per-stream CFG scales (video 3, audio 7)
     "ltx2": {"true_cfg_scale": 3.0, "num_frames": 9, "width": 2 * W, "model_kwargs": {"audio_cfg_scale": 7.0}},
+    # HunyuanVideo-1.5: two latent frames of 2x4 latent cells (1x1 patches); image to video: the source image resized
+    # to the first frame, its SigLIP states and first-frame latents recorded
+    "hunyuan_video_1_5": {"true_cfg_scale": 6.0, "num_frames": 5, "width": 2 * W},
+    "hunyuan_video_1_5_i2v": {"true_cfg_scale": 6.0, "num_frames": 5},
     # the source image conditioned at 32² (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": 32 * 32}},
     # two source images (the second square), each read by the vision tower at 32² too (the stock 384²)
@@ -53,6 +57,11 @@ MODELS = {
 }
 # the models with sound: the vocoder's channels and rate (the tiny LTX-2's is the release's stereo 24 kHz)
 AUDIO = {"ltx2": (2, 24_000)}
+# the prompt a model samples, where not "a red cat on a chair": HunyuanVideo-1.5's quotes a text, which its glyph
+# encoder (ByT5) reads (a prompt without quotes leaves that stream empty)
+PROMPTS = {
+    name: 'a red cat on a chair, a sign that says "OK"' for name in ("hunyuan_video_1_5", "hunyuan_video_1_5_i2v")
+}
 # the editing models whose prompt embeddings read the source image too (Qwen2.5-VL); FLUX.1-Kontext's are text only
 IMAGE_IN_PROMPT = ("qwen_image_edit", "qwen_image_edit_plus")
 
@@ -84,9 +93,9 @@ def model_engine(tiny_path, loop):
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tiny_path, adapter):
+def prompt_ids(model_name, tiny_path, adapter):
     return {
-        "cat": tokenized_prompt(tiny_path, adapter, "a red cat on a chair"),
+        "cat": tokenized_prompt(tiny_path, adapter, PROMPTS.get(model_name, "a red cat on a chair")),
         "negative": tokenized_prompt(tiny_path, adapter, "blurry"),
     }
 
@@ -213,6 +222,9 @@ LORA_LAYERS = {
     # per block: the video self-attention's fused to_qkv and its to_out, and to_q, to_k, to_v, to_out of the audio
     # self-attention (unfused), the video and audio text cross-attentions, the audio-to-video and video-to-audio ones
     "ltx2": 44,
+    # per block: the self-attention's fused to_qkv and to_out.0, the context stream's fused add_kv_proj, to_add_out
+    "hunyuan_video_1_5": 8,
+    "hunyuan_video_1_5_i2v": 8,
     "qwen_image_edit": 8,
     "qwen_image_edit_plus": 8,
     "flux_kontext": 5,

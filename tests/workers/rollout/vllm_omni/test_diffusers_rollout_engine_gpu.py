@@ -30,6 +30,9 @@ MODELS = {
     "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
     # image to video: the source image is the first frame; both experts sample (the I2V launcher's CFG 3.5)
     "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
+    # HunyuanVideo-1.5: 5 frames at 64² (1x1 patches), the released guider's CFG 6; image to video with the source image
+    "hunyuan_video_1_5": {"true_cfg_scale": 6.0, "num_frames": 5},
+    "hunyuan_video_1_5_i2v": {"true_cfg_scale": 6.0, "num_frames": 5},
     # one source image conditioned at the output's area (the stock 1024² is 16k tokens on the tiny 4x VAE)
     "qwen_image_edit": {"true_cfg_scale": 4.0, "model_kwargs": {"condition_area": H * W}},
     # two source images, each also read by the vision tower at the output's area (the stock 384²)

@@ -208,10 +208,22 @@ def _component_tensors(lora: dict[str, torch.Tensor], components: tuple[str, ...
     return files
 
 
+def pipeline_loads_lora(pipeline: str | None) -> bool:
+    """Whether diffusers' ``pipeline`` class has a LoRA loader (``load_lora_weights``); HunyuanVideo-1.5's pipelines
+    have none, and their transformer's own ``load_lora_adapter`` reads the same file."""
+    if pipeline is None:
+        return False
+    import diffusers
+
+    cls = getattr(diffusers, pipeline, None)
+    # a name diffusers does not export is left to fail where it is used, naming it
+    return cls is None or hasattr(cls, "load_lora_weights")
+
+
 def _save_lora_file(adapter, directory: Path, lora: dict[str, torch.Tensor], metadata: dict) -> None:
-    """The diffusers pipeline's ``save_lora_weights`` when the model has one (a file per component), else the same
-    keys with safetensors."""
-    if adapter.lora_file_pipeline is not None:
+    """The diffusers pipeline's ``save_lora_weights`` when the model's pipeline has a LoRA loader (a file per
+    component), else the same keys and metadata with safetensors."""
+    if pipeline_loads_lora(adapter.lora_file_pipeline):
         import diffusers
 
         for weight_name, tensors in _component_tensors(lora, adapter.lora_components).items():

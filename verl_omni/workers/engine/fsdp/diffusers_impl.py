@@ -216,6 +216,7 @@ class DiffusersFSDPEngine(FSDPEngine):
                 r=lora.rank,
                 lora_alpha=lora.alpha,
                 target_modules=targets,
+                exclude_modules=self.adapter.lora_exclude_modules,
                 init_lora_weights=lora.init_lora_weights,
                 lora_dropout=lora.dropout,
             )

@@ -19,6 +19,7 @@ from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
 from verl_omni.pipelines.rollout_output import AUDIO_KEY, all_finite
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
+from verl_omni.utils.vllm_omni_compat import checkpoint_model_class
 from verl_omni.workers.config.rollout import (
     DEFAULT_ENGINE_START_TIMEOUT_S,
     DEFAULT_GENERATION_TIMEOUT_S,
@@ -256,6 +257,7 @@ class OmniRolloutEngine:
                 custom_pipeline_args={"pipeline_class": self.pipeline_class},
                 worker_extension_cls=WORKER_EXTENSION_CLASS,
                 max_num_seqs=self.max_batch_requests,
+                **checkpoint_model_class(self.model_path),
                 **self.engine_kwargs,
             )
         except TimeoutError as error:
