@@ -10,7 +10,9 @@ Protocol, one request and one answer per batch, over the child's stdin and stdou
 
 * request: one JSON line ``{"shape": [...], "prompts": [...], "targets": [...]}`` followed by exactly
   ``prod(shape)`` raw bytes, the uint8 images (``[B, 3, H, W]`` or ``[B, F, 3, H, W]``, C order);
-* answer: one JSON line ``{"scores": [...]}`` (``B`` floats) or ``{"error": "<message>"}``.
+* answer: one JSON line ``{"scores": [...]}`` (``B`` floats) or ``{"error": "<message>"}``; a script that
+  returns what it read rather than a score answers ``{"texts": [...]}`` (``B`` strings) and its scorer computes
+  the scores on this side, with code it shares with other scorers (``paddle_ocr``).
 
 Raw bytes and JSON, not pickle: the two sides may run different numpy and Python versions. The child's
 ``serve`` loop is ``_env_scripts/scorer_child.py`` (standard library only), which a script imports.
@@ -42,6 +44,9 @@ class OwnEnvironmentScorer(ThreadedScorer):
     Class attributes:
         requirements: pip requirement strings of the scorer's environment (non-empty).
         script: path of the standalone scoring script (see the module docstring for its protocol).
+
+    A scorer whose script needs its params (a model directory) passes them as command-line arguments:
+    :meth:`script_args`.
     """
 
     script: ClassVar[Path]
@@ -59,10 +64,14 @@ class OwnEnvironmentScorer(ThreadedScorer):
     def environment(cls) -> ScorerEnvironment:
         return ScorerEnvironment(tuple(cls.requirements))
 
+    def script_args(self) -> list[str]:
+        """Command-line arguments of the script (none by default)."""
+        return []
+
     def _start(self) -> subprocess.Popen:
         env_path = build(self.environment())
         process = subprocess.Popen(
-            [str(env_path / "bin" / "python"), str(self.script)],
+            [str(env_path / "bin" / "python"), str(self.script), *self.script_args()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=str(Path(self.script).parent),
@@ -81,6 +90,10 @@ class OwnEnvironmentScorer(ThreadedScorer):
         return ScorerError(self._dead)
 
     def score_sync(self, batch: ScoreBatch) -> list[float]:
+        return [float(s) for s in self.request(batch)["scores"]]
+
+    def request(self, batch: ScoreBatch) -> dict:
+        """Send ``batch`` to the child and return its answer (``{"scores": ...}`` or ``{"texts": ...}``)."""
         images = batch.images.contiguous().numpy()
         header = {"shape": list(images.shape), "prompts": batch.prompts, "targets": batch.targets}
         with self._lock:
@@ -100,7 +113,7 @@ class OwnEnvironmentScorer(ThreadedScorer):
         answer = json.loads(line)
         if "error" in answer:
             raise ScorerError(f"scorer {type(self).__name__} failed in its environment: {answer['error']}")
-        return [float(s) for s in answer["scores"]]
+        return answer
 
     def close(self) -> None:
         """Stop the child process (idempotent)."""

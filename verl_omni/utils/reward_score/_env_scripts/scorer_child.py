@@ -2,7 +2,8 @@
 
 Standard library only, and nothing of ``verl_omni``: it runs under the Python of the scorer's own environment.
 A scoring script calls :func:`serve` with a function of ``(images_bytes, shape, prompts, targets)`` returning
-one float per sample; ``serve`` answers requests until its input ends.
+one float per sample; ``serve`` answers requests until its input ends. A script whose scorer computes the score on
+the trainer's side calls :func:`serve_texts` with a function returning one string per sample instead.
 """
 
 import json
@@ -22,6 +23,16 @@ def _read_exactly(stream, size):
 
 
 def serve(score):
+    """Answer each request with ``{"scores": [float per sample]}``."""
+    _serve(score, "scores", float)
+
+
+def serve_texts(read):
+    """Answer each request with ``{"texts": [str per sample]}``."""
+    _serve(read, "texts", str)
+
+
+def _serve(function, key, convert):
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     # the protocol owns stdout: anything the scorer's packages print goes to stderr
     sys.stdout = sys.stderr
@@ -35,7 +46,8 @@ def serve(score):
             size *= side
         data = _read_exactly(requests, size)
         try:
-            answer = {"scores": [float(s) for s in score(data, header["shape"], header["prompts"], header["targets"])]}
+            values = function(data, header["shape"], header["prompts"], header["targets"])
+            answer = {key: [convert(v) for v in values]}
         except Exception:
             answer = {"error": traceback.format_exc(limit=5)}
         answers.write(json.dumps(answer).encode() + b"\n")
