@@ -63,6 +63,19 @@ def test_scores_equal_paddleocrs_own_reading_through_the_published_formula(score
     assert scores[3] == 0.0  # no "z" in the tiny dictionary
 
 
+@pytest.mark.slow
+def test_the_environment_leaves_out_the_dependencies_it_overrides(scorer):
+    """paddleocr declares the GUI OpenCVs (which need libGL) beside the headless one; the overrides drop them."""
+    code = (
+        "import importlib.metadata as m, cv2\n"
+        "names = ('opencv-python', 'opencv-contrib-python', 'matplotlib', 'opencv-python-headless')\n"
+        "print([n for n in names if any(d.metadata['Name'] == n for d in m.distributions())])"
+    )
+    python = str(scorer.environment().python_executable())
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['opencv-python-headless']"
+
+
 def test_empty_params_are_refused_naming_the_key():
     with pytest.raises(ValueError, match="rec_model_dir must name a local path holding a PP-OCR text-recognition"):
         PaddleOcrParams(det_model_dir="d", rec_char_dict_path="x")

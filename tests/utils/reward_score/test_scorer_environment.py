@@ -24,6 +24,16 @@ def test_key_ignores_requirement_order_and_tells_pins_apart():
     assert a.key() != ScorerEnvironment(("numpy==1.26.4", "pillow"), python="3.10").key()
 
 
+def test_overrides_tell_environments_apart_and_no_overrides_keeps_the_description():
+    plain = ScorerEnvironment(("paddleocr",))
+    assert "overrides" not in plain.description()
+    dropped = ScorerEnvironment(("paddleocr",), overrides=("opencv-python; sys_platform == 'never'",))
+    assert dropped.key() != plain.key()
+    assert dropped.description()["overrides"] == ["opencv-python; sys_platform == 'never'"]
+    with pytest.raises(ValueError, match="overrides must be non-empty"):
+        ScorerEnvironment(("paddleocr",), overrides=(" ",))
+
+
 def test_empty_requirements_are_refused():
     with pytest.raises(ValueError, match="requirements must be non-empty"):
         ScorerEnvironment(())

@@ -31,7 +31,7 @@ HEADER = f"""# Scorers
 
 Every built-in value of `reward.diffusion.scorers[*].type`. **Inputs**: what the scorer is given; an image scorer
 given a video batch scores its frames and averages them; an audio scorer reads the samples' waveforms. **Needs**: `server` is a service at `params.url` that the
-run does not start; `weights` is a local checkpoint directory at `params.model_path` (nothing is downloaded), which
+run does not start; `weights` is a local checkpoint directory at the params named (nothing is downloaded), which
 some settings of an `optional weights` scorer do without.
 **Environment**: the Python environment the scorer imports run in; an extra is installed with
 `pip install 'verl_omni[<extra>]'`; `own` is a separate virtual environment built from the listed requirements
@@ -55,18 +55,20 @@ def inputs(cls: type[Scorer]) -> str:
 
 
 def needs(cls: type[Scorer]) -> str:
-    """``server`` for an HTTP scorer, ``weights`` for one with a checkpoint directory (``optional`` when its default
-    params, without ``model_path``, are valid), ``—`` otherwise."""
+    """``server`` for an HTTP scorer, ``weights`` for one with checkpoint directories (``model_path``, or params
+    named ``*_model_dir``; ``optional`` when its default params, without them, are valid), ``—`` otherwise."""
     params = cls.params_cls
     if issubclass(params, HttpParams):
         return "server (`params.url`)"
-    if "model_path" not in {f.name for f in dataclasses.fields(params)}:
+    keys = [f.name for f in dataclasses.fields(params) if f.name == "model_path" or f.name.endswith("_model_dir")]
+    if not keys:
         return "—"
+    named = ", ".join(f"`params.{key}`" for key in keys)
     try:
         params()
     except ValueError:
-        return "weights (`params.model_path`)"
-    return "optional weights (`params.model_path`)"
+        return f"weights ({named})"
+    return f"optional weights ({named})"
 
 
 def environment(cls: type[Scorer]) -> str:

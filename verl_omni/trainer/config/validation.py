@@ -353,15 +353,16 @@ def build_scorer_environments(reward: DiffusionRewardConfig) -> None:
     """Build (or find in the cache) the environment of every configured scorer that declares requirements, before
     Ray starts: a requirement that cannot install fails here, naming the scorer and the package, not in a worker."""
     from verl_omni.utils.reward_score import get_scorer_cls
-    from verl_omni.utils.reward_score.environment import ScorerEnvironment, ScorerEnvironmentError, build
+    from verl_omni.utils.reward_score.environment import ScorerEnvironmentError, build
 
     for i, scorer in enumerate(reward.scorers):
-        requirements = get_scorer_cls(scorer.type).requirements
+        scorer_cls = get_scorer_cls(scorer.type)
+        requirements = scorer_cls.requirements
         if not requirements:
             continue
         logger.info("building (or reusing) the environment of scorer %r: %s", scorer.label, ", ".join(requirements))
         try:
-            build(ScorerEnvironment(tuple(requirements)))
+            build(scorer_cls.environment())  # an OwnEnvironmentScorer: the only kind with requirements
         except ScorerEnvironmentError as e:
             raise ScorerEnvironmentError(
                 f"reward.diffusion.scorers[{i}] ({scorer.type!r}): its environment cannot be built: {e}"

@@ -7,7 +7,7 @@ trainer's environment is never written to.
 
 Cache: ``$VERL_OMNI_SCORER_ENV_DIR`` (default ``~/.cache/verl_omni/scorer_envs``) holds one directory per
 environment, named by :meth:`ScorerEnvironment.key`: the first 16 hex digits of the SHA-256 of the sorted
-requirement strings, the Python version and the platform. A finished environment holds ``environment.json``
+requirement strings (and overrides, if any), the Python version and the platform. A finished environment holds ``environment.json``
 (what it was built from); one without it is rebuilt. Builds go to a temporary sibling directory that is renamed
 into place when complete, so an interrupted or concurrent build never leaves a half environment under the key.
 
@@ -32,6 +32,7 @@ from pathlib import Path
 CACHE_ENV_VAR = "VERL_OMNI_SCORER_ENV_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/verl_omni/scorer_envs")
 DONE_FILE = "environment.json"
+OVERRIDES_FILE = "overrides.txt"
 # the installer's last lines kept in an error: enough for the resolver's explanation
 ERROR_TAIL_LINES = 20
 
@@ -52,14 +53,21 @@ class ScorerEnvironment:
     Args:
         requirements (tuple[str, ...]): pip requirement strings, e.g. ``("numpy==1.26.4",)``; at least one.
         python (str | None): the Python version (``"3.11"``); None: the trainer's own major.minor version.
+        overrides (tuple[str, ...]): ``uv``'s override requirements (``uv pip install --override``), which replace
+            what the requirements' own metadata asks for a package: a version, or, with a marker that never holds
+            (``"opencv-python; sys_platform == 'never'"``), nothing, so that a dependency a package declares but
+            the scorer does not use (a GUI OpenCV beside the headless one) is not installed.
     """
 
     requirements: tuple[str, ...]
     python: str | None = None
+    overrides: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.requirements or not all(isinstance(r, str) and r.strip() for r in self.requirements):
             raise ValueError(f"requirements must be non-empty requirement strings, got {self.requirements!r}")
+        if not all(isinstance(r, str) and r.strip() for r in self.overrides):
+            raise ValueError(f"overrides must be non-empty requirement strings, got {self.overrides!r}")
 
     @property
     def python_version(self) -> str:
@@ -67,11 +75,14 @@ class ScorerEnvironment:
 
     def description(self) -> dict:
         """What the key hashes, also written to the finished environment's ``environment.json``."""
-        return {
+        description = {
             "requirements": sorted(r.strip() for r in self.requirements),
             "python": self.python_version,
             "platform": f"{sys.platform}-{platform.machine()}",
         }
+        if self.overrides:  # absent when empty, so that the keys of environments without overrides stay as they were
+            description["overrides"] = sorted(r.strip() for r in self.overrides)
+        return description
 
     def key(self) -> str:
         text = json.dumps(self.description(), sort_keys=True)
@@ -123,9 +134,12 @@ def build(environment: ScorerEnvironment, root: Path | None = None) -> Path:
         result = _uv("venv", "--quiet", "--python", environment.python_version, str(staging))
         if result.returncode != 0:
             raise _failure(environment, f"creating a Python {environment.python_version} venv", result)
-        result = _uv(
-            "pip", "install", "--quiet", "--python", str(staging / "bin" / "python"), *environment.requirements
-        )
+        overrides = []
+        if environment.overrides:
+            (staging / OVERRIDES_FILE).write_text("".join(r.strip() + "\n" for r in environment.overrides))
+            overrides = ["--override", str(staging / OVERRIDES_FILE)]
+        python = str(staging / "bin" / "python")
+        result = _uv("pip", "install", "--quiet", "--python", python, *overrides, *environment.requirements)
         if result.returncode != 0:
             raise _failure(environment, "installing requirements", result)
         (staging / DONE_FILE).write_text(json.dumps(environment.description(), indent=1) + "\n")

@@ -44,12 +44,15 @@ class OwnEnvironmentScorer(ThreadedScorer):
     Class attributes:
         requirements: pip requirement strings of the scorer's environment (non-empty).
         script: path of the standalone scoring script (see the module docstring for its protocol).
+        overrides: ``uv`` override requirements of the environment (:class:`.environment.ScorerEnvironment`), e.g. to
+            leave out a dependency the requirements declare but the script does not use; none by default.
 
     A scorer whose script needs its params (a model directory) passes them as command-line arguments:
     :meth:`script_args`.
     """
 
     script: ClassVar[Path]
+    overrides: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params=None):
         super().__init__(params)
@@ -62,7 +65,7 @@ class OwnEnvironmentScorer(ThreadedScorer):
 
     @classmethod
     def environment(cls) -> ScorerEnvironment:
-        return ScorerEnvironment(tuple(cls.requirements))
+        return ScorerEnvironment(tuple(cls.requirements), overrides=tuple(cls.overrides))
 
     def script_args(self) -> list[str]:
         """Command-line arguments of the script (none by default)."""

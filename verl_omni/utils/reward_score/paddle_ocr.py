@@ -70,8 +70,19 @@ class PaddleOcrScorer(OwnEnvironmentScorer):
     reads locally and the target (1 when the target appears in it). Range [0, 1]."""
 
     params_cls = PaddleOcrParams
-    # paddle imports setuptools on import without declaring it
-    requirements = ("paddlepaddle==2.6.2", "paddleocr==2.9.1", "setuptools==84.2.1")
+    # paddle imports setuptools without declaring it; the OpenCV is the headless one (no libGL needed)
+    requirements = (
+        "paddlepaddle==2.6.2",
+        "paddleocr==2.9.1",
+        "opencv-python-headless==4.11.0.86",
+        "setuptools==84.2.1",
+    )
+    # declared by paddleocr (its GUI OpenCVs would overwrite the headless cv2; the rest serve its command line,
+    # PDF and plotting code) and never imported when it reads an image
+    overrides = tuple(
+        f"{name}; sys_platform == 'never'"
+        for name in ("opencv-python", "opencv-contrib-python", "matplotlib", "cython", "fire", "fonttools")
+    )
     script = SCRIPTS_DIR / "paddle_ocr.py"
 
     def __init__(self, params: PaddleOcrParams):

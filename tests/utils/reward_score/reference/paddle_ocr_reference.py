@@ -11,6 +11,7 @@ distance 0 when the target is inside the read text, the distance capped at the t
 
 import json
 import sys
+import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
 
 import numpy
 from paddleocr import PaddleOCR

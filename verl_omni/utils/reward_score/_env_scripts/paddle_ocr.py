@@ -11,6 +11,7 @@ it from the network.
 """
 
 import sys
+import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
 
 import numpy
 from paddleocr import PaddleOCR

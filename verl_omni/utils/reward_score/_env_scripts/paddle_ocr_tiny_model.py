@@ -20,6 +20,7 @@ of the dictionary's characters that depends on the pixels.
 """
 
 import sys
+import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
 from pathlib import Path
 
 import paddle
