@@ -330,20 +330,3 @@ def scorer_env_dir(request, tmp_path_factory):
     environment is built once and kept for later sessions; a session directory when the cache is disabled."""
     cache = getattr(request.config, "cache", None)
     return cache.mkdir("scorer_envs") if cache is not None else tmp_path_factory.mktemp("scorer_envs")
-
-
-@pytest.fixture(scope="session")
-def paddle_ocr_params(tiny_model, scorer_env_dir):
-    """The ``paddle_ocr`` scorer's params for the tiny PaddleOCR models; for the session, the scorer environments
-    are those of the suite's cache, where the models' builder and every ``paddle_ocr`` scorer find paddle."""
-    from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
-
-    patch = pytest.MonkeyPatch()
-    patch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
-    root = tiny_model("paddle_ocr")
-    yield {
-        "det_model_dir": str(root / "det"),
-        "rec_model_dir": str(root / "rec"),
-        "rec_char_dict_path": str(root / "en_dict.txt"),
-    }
-    patch.undo()

@@ -14,7 +14,7 @@ from verl_omni.reward_loop import DiffusionRewardManager
 from verl_omni.reward_loop.reward_loop import diffusion_manager_cls
 from verl_omni.reward_loop.reward_manager import ground_truth_text
 from verl_omni.utils.dataset.prompt_dataset import prompt_text
-from verl_omni.utils.reward_score import ScoreBatch, ScorerError
+from verl_omni.utils.reward_score import ScorerError
 from verl_omni.utils.reward_score.jpeg import jpeg_size_ratio
 
 
@@ -191,26 +191,6 @@ def test_a_video_reward_models_score_reaches_the_reward_for_whole_videos(tiny_mo
     assert [o["reward_extra_info"]["reward/va"] for o in out] == pytest.approx(expected, abs=1e-6)
     assert [o["reward_score"] for o in out] == pytest.approx(expected, abs=1e-6)
     assert expected[0] != pytest.approx(expected[1], abs=1e-4)
-
-
-@pytest.mark.slow
-def test_paddle_ocrs_reading_in_its_own_environment_reaches_the_reward(paddle_ocr_params):
-    """``paddle_ocr`` (the tiny PaddleOCR models, read in the scorer's own environment) through the manager: the
-    reward is Flow-GRPO's edit-distance score of the read text against the sample's ground truth, else the quoted
-    text of its prompt."""
-    manager = DiffusionRewardManager(make_config(scorers=[{"type": "paddle_ocr", "params": paddle_ocr_params}]))
-    scorer = manager.reward.entries[0].scorer
-    images = make_images(2, size=64)
-    try:
-        reads = scorer.request(ScoreBatch(images, ["", ""]))["texts"]
-        one_off = reads[1][:-1] + ("b" if reads[1][-1] == "a" else "a")
-        prompts = [[{"role": "user", "content": "a sign"}], f'a sign that reads "{one_off}"']
-        out = asyncio.run(manager.run_batch(make_data(images, prompts, truths=[reads[0].upper(), None])))
-    finally:
-        scorer.close()
-    expected = [1.0, 1.0 - 1.0 / len(one_off)]
-    assert [o["reward_score"] for o in out] == pytest.approx(expected)
-    assert [o["reward_extra_info"]["reward/paddle_ocr"] for o in out] == pytest.approx(expected)
 
 
 def test_audio_reaches_the_score_batch_when_the_rollout_output_has_it():

@@ -1,7 +1,12 @@
 """The ``paddle_ocr`` scorer (Flow-GRPO's OCR reward) on the tiny PaddleOCR models: its scores equal those of
 PaddleOCR's own ``ocr()`` pushed through the published formula in a separate process of the same environment
-(``reference/paddle_ocr_reference.py``), and a missing model is an error naming the key and where to get it."""
+(``reference/paddle_ocr_reference.py``), they reach the reward through the reward manager, and a missing model is
+an error naming the key and where to get it.
 
+One module, one scorer process: the scorer is the reward manager's own (PaddleOCR takes seconds to import, and
+the suite's workers take whole files, so a second file would build the environment and the models again)."""
+
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -9,18 +14,39 @@ from pathlib import Path
 import numpy
 import pytest
 import torch
+from omegaconf import OmegaConf
+from verl import DataProto
 
+from verl_omni.reward_loop import DiffusionRewardManager
 from verl_omni.utils.reward_score import ScoreBatch
+from verl_omni.utils.reward_score.environment import CACHE_ENV_VAR
 from verl_omni.utils.reward_score.paddle_ocr import PaddleOcrParams, PaddleOcrScorer
 
 REFERENCE = Path(__file__).parent / "reference" / "paddle_ocr_reference.py"
 
 
 @pytest.fixture(scope="module")
-def scorer(paddle_ocr_params):
-    scorer = PaddleOcrScorer(PaddleOcrParams(**paddle_ocr_params))
-    yield scorer
-    scorer.close()
+def manager(tiny_model, scorer_env_dir):
+    """A reward manager whose one scorer is ``paddle_ocr`` on the tiny models; the scorer environment (and the
+    models' builder, which runs in it) in the suite's cache."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv(CACHE_ENV_VAR, str(scorer_env_dir))
+    root = tiny_model("paddle_ocr")
+    params = {
+        "det_model_dir": f"{root}/det",
+        "rec_model_dir": f"{root}/rec",
+        "rec_char_dict_path": f"{root}/en_dict.txt",
+    }
+    config = OmegaConf.create({"reward": {"diffusion": {"scorers": [{"type": "paddle_ocr", "params": params}]}}})
+    manager = DiffusionRewardManager(config)
+    yield manager
+    manager.reward.entries[0].scorer.close()
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def scorer(manager) -> PaddleOcrScorer:
+    return manager.reward.entries[0].scorer
 
 
 def _images() -> torch.Tensor:
@@ -61,6 +87,25 @@ def test_scores_equal_paddleocrs_own_reading_through_the_published_formula(score
     assert scores[0] == scores[2] == scores[4] == 1.0  # exact, contained, case
     assert 0.0 < scores[1] < 1.0
     assert scores[3] == 0.0  # no "z" in the tiny dictionary
+
+
+@pytest.mark.slow
+def test_the_score_reaches_the_reward_through_the_reward_manager(manager, scorer):
+    """Targets from the ground truth (sample 0) and from the prompt's quoted text (sample 1, no ground truth)."""
+    images = _images()[:2]
+    reads = scorer.request(ScoreBatch(images, ["", ""]))["texts"]
+    one_off = reads[1][:-1] + ("b" if reads[1][-1] == "a" else "a")
+    data = DataProto.from_dict(
+        tensors={"responses": images},
+        non_tensors={
+            "raw_prompt": numpy.array(["a sign", f'a sign that reads "{one_off}"'], dtype=object),
+            "reward_model": numpy.array([{"ground_truth": reads[0].upper()}, {"ground_truth": None}], dtype=object),
+        },
+    )
+    out = asyncio.run(manager.run_batch(data))
+    expected = [1.0, 1.0 - 1.0 / len(one_off)]
+    assert [o["reward_score"] for o in out] == pytest.approx(expected)
+    assert [o["reward_extra_info"]["reward/paddle_ocr"] for o in out] == pytest.approx(expected)
 
 
 @pytest.mark.slow
