@@ -19,24 +19,28 @@ from scorer_child import serve_texts
 
 
 def main(det_model_dir, rec_model_dir, rec_char_dict_path):
-    ocr = PaddleOCR(
-        det_model_dir=det_model_dir,
-        rec_model_dir=rec_model_dir,
-        rec_char_dict_path=rec_char_dict_path,
-        cls_model_dir=det_model_dir,
-        use_angle_cls=False,
-        lang="en",
-        use_gpu=False,
-        show_log=False,
-    )
+    loaded = []  # loaded in the first call, once serving: what loading prints cannot reach the protocol's stdout
 
     def read(data, shape, prompts, targets):
+        if not loaded:
+            loaded.append(
+                PaddleOCR(
+                    det_model_dir=det_model_dir,
+                    rec_model_dir=rec_model_dir,
+                    rec_char_dict_path=rec_char_dict_path,
+                    cls_model_dir=det_model_dir,
+                    use_angle_cls=False,
+                    lang="en",
+                    use_gpu=False,
+                    show_log=False,
+                )
+            )
         if len(shape) != 4 or shape[1] != 3:
             raise ValueError(f"paddle_ocr reads images [B, 3, H, W], got shape {shape}")
         images = numpy.frombuffer(data, dtype=numpy.uint8).reshape(shape).transpose(0, 2, 3, 1)
         texts = []
         for image in images:
-            lines = ocr.ocr(numpy.ascontiguousarray(image), cls=False)[0] or []
+            lines = loaded[0].ocr(numpy.ascontiguousarray(image), cls=False)[0] or []
             texts.append("".join(text for _, (text, confidence) in lines if confidence > 0))
         return texts
 

@@ -7,6 +7,7 @@ the trainer's side calls :func:`serve_texts` with a function returning one strin
 """
 
 import json
+import os
 import sys
 import traceback
 
@@ -33,8 +34,13 @@ def serve_texts(read):
 
 
 def _serve(function, key, convert):
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    # the protocol owns stdout: anything the scorer's packages print goes to stderr
+    requests = sys.stdin.buffer
+    # The protocol owns stdout: from here on anything the scorer's packages write there goes to stderr, at the
+    # file-descriptor level too (a C++ library's printf, a logging handler that kept the old sys.stdout). What a
+    # script writes before serving is not caught: load models in the first call, not before.
+    sys.stdout.flush()
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     while True:
         line = requests.readline()
