@@ -7,9 +7,10 @@ trainer's environment is never written to.
 
 Cache: ``$VERL_OMNI_SCORER_ENV_DIR`` (default ``~/.cache/verl_omni/scorer_envs``) holds one directory per
 environment, named by :meth:`ScorerEnvironment.key`: the first 16 hex digits of the SHA-256 of the sorted
-requirement strings (and overrides, if any), the Python version and the platform. A finished environment holds ``environment.json``
-(what it was built from); one without it is rebuilt. Builds go to a temporary sibling directory that is renamed
-into place when complete, so an interrupted or concurrent build never leaves a half environment under the key.
+requirement strings (and overrides, if any), the Python version and the platform. A finished environment holds
+``environment.json`` (what it was built from); one without it is rebuilt. Builds go to a temporary sibling
+directory that is renamed into place when complete, so an interrupted or concurrent build never leaves a half
+environment under the key.
 
 A build failure raises :class:`ScorerEnvironmentError` naming the requirement(s) the installer's report mentions
 and the installer's own last lines, so a bad pin fails before anything else starts.

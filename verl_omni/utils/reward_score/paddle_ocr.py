@@ -5,11 +5,11 @@ with ``d`` the edit distance between the text PaddleOCR recognizes in the image 
 lower-cased with whitespace removed; a target found inside the read text counts as ``d = 0``. The target is the
 ``ocr`` scorer's: the sample's ground truth, else the prompt's first quoted span; the distance is the same code.
 
-PaddleOCR (``paddleocr`` 2.9.1 on ``paddlepaddle`` 2.6.2, CPU: the authors' versions) pins ``numpy<2`` and cannot
-import into the trainer, so it runs in the scorer's own environment (:mod:`.own_env`); the child reads the
-texts (``_env_scripts/paddle_ocr.py``) and the score is computed here. Nothing is downloaded: the detection and
-recognition models and the recognizer's character list are local paths, the released PP-OCR inference models
-(``https://paddleocr.bj.bcebos.com/PP-OCRv3/english/en_PP-OCRv3_det_infer.tar`` and
+PaddleOCR (``paddleocr`` 2.9.1 on ``paddlepaddle`` 2.6.2, the authors' versions, here the CPU wheel) pins
+``numpy<2`` and cannot import into the trainer, so it runs in the scorer's own environment (:mod:`.own_env`):
+the child reads the texts (``_env_scripts/paddle_ocr.py``) and the score is computed here. Nothing is downloaded:
+the detection and recognition models and the recognizer's character list are local paths, the released PP-OCR
+inference models (``https://paddleocr.bj.bcebos.com/PP-OCRv3/english/en_PP-OCRv3_det_infer.tar`` and
 ``.../PP-OCRv4/english/en_PP-OCRv4_rec_infer.tar``, unpacked; ``en_dict.txt`` from the PaddleOCR repository's
 ``ppocr/utils/``), the ones ``PaddleOCR(lang="en")`` fetches by default.
 """
