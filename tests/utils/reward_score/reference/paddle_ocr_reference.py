@@ -4,9 +4,10 @@ the published formula written out here).
 
 Usage: ``<env>/bin/python paddle_ocr_reference.py REQUEST.json ANSWER.json`` with the request
 ``{"root": <tiny model dir>, "images": <.npy of uint8 [B, H, W, 3]>, "targets": [B strings]}``; the answer is
-``{"reads": [...], "scores": [...]}``. The steps are the authors' (``flow_grpo/ocr.py``): ``ocr(image, cls=False)``
-on the RGB array, the recognized lines with confidence > 0 joined, spaces removed and lower case on both sides,
-distance 0 when the target is inside the read text, the distance capped at the target's length, ``1 - d / len``.
+``{"reads": [...], "scores": [...]}``. The steps are the authors' (github.com/yifan123/flow_grpo,
+``flow_grpo/ocr.py``): ``ocr(image, cls=False)`` on the RGB array, the recognized lines with confidence > 0
+joined, spaces removed and lower case on both sides, distance 0 when the target is inside the read text, the
+distance capped at the target's length, ``1 - d / len``.
 """
 
 import json
