@@ -11,6 +11,7 @@ distance capped at the target's length, ``1 - d / len``.
 """
 
 import json
+import os
 import sys
 import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
 
@@ -49,3 +50,4 @@ def main(request_path, answer_path):
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    os._exit(0)  # the answer is written; paddle's interpreter teardown takes seconds

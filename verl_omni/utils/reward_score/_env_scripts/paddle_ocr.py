@@ -10,6 +10,7 @@ classifier's model whenever its directory lacks one, even unused; pointing it at
 it from the network.
 """
 
+import os
 import sys
 import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
 
@@ -45,6 +46,10 @@ def main(det_model_dir, rec_model_dir, rec_char_dict_path):
         return texts
 
     serve_texts(read)
+    # input ended, the scorer is closed: skip the interpreter's teardown, which takes paddle seconds (longer than
+    # the scorer waits before killing the process) and has nothing to save
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

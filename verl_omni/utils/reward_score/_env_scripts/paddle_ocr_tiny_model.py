@@ -19,6 +19,7 @@ of 0.5, and every line would be dropped). The result marks the whole image as on
 of the dictionary's characters that depends on the pixels.
 """
 
+import os
 import pickle
 import sys
 import zlib  # noqa: F401  before paddle, whose libraries otherwise take zlib's symbols: a segfault on first use
@@ -110,3 +111,4 @@ def main(out_dir, seed):
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]))
+    os._exit(0)  # the files are written and closed; paddle's interpreter teardown takes seconds
