@@ -9,7 +9,7 @@ import pytest
 from verl_omni.utils.tiny_models import available_builders
 
 # the tiny builders of reward models (scorers), not of a generator the trainer runs
-SCORER_BUILDERS = {"clip", "detr", "hps", "hpsv3", "image_reward", "videoalign"}
+SCORER_BUILDERS = {"clip", "detr", "hps", "hpsv3", "image_reward", "paddle_ocr", "videoalign"}
 MODEL_BUILDERS = [name for name in available_builders() if name not in SCORER_BUILDERS]
 
 

@@ -37,6 +37,15 @@ def test_edit_distance_and_similarity():
     assert ocr_similarity("something much longer than the target", "ab") == 0.0
 
 
+def test_a_contained_target_is_exact_only_when_asked():
+    """Flow-GRPO's PaddleOCR reward (``paddle_ocr``) does not penalize text around the target; ``ocr`` does."""
+    assert ocr_similarity("Open 24 hours daily", "24 HOURS", contained_is_exact=True) == 1.0
+    assert ocr_similarity("Open 24 hours daily", "24 HOURS") == 0.0  # 9 extra characters, capped at the length 7
+    assert ocr_similarity("24 hour", "24 HOURS", contained_is_exact=True) == pytest.approx(1 - 1 / 7)
+    assert ocr_similarity("", "", contained_is_exact=True) == 1.0
+    assert ocr_similarity("abc", " ", contained_is_exact=True) == 0.0
+
+
 def test_target_comes_from_ground_truth_else_first_quoted_span():
     assert find_target('a sign that reads "OPEN 24H" and "CLOSED"', None) == "OPEN 24H"
     assert find_target("a poster saying “Summer Sale”", None) == "Summer Sale"

@@ -57,3 +57,32 @@ def test_an_environment_that_cannot_be_built_fails_before_ray_naming_scorer_and_
     reward = DiffusionRewardConfig(scorers=[ScorerConfig(type="brightness"), ScorerConfig(type="brightness_numpy1")])
     with pytest.raises(ScorerEnvironmentError, match=rf"scorers\[1\] \('brightness_numpy1'\).*failed on {bad}"):
         build_scorer_environments(reward)
+
+
+def test_what_a_script_writes_to_stdout_while_serving_goes_to_stderr_not_the_protocol(tmp_path):
+    """A package's print, and a write to file descriptor 1 as a C++ library's printf makes, land on stderr."""
+    import json
+    import subprocess
+    import sys
+
+    from verl_omni.utils.reward_score.own_env import SCRIPTS_DIR
+
+    script = tmp_path / "noisy.py"
+    script.write_text(
+        "import os\nfrom scorer_child import serve\n\n"
+        "def score(data, shape, prompts, targets):\n"
+        "    os.write(1, b'from C\\n')\n"
+        "    print('from print')\n"
+        "    return [len(data)] * shape[0]\n\n"
+        "serve(score)\n"
+    )
+    request = json.dumps({"shape": [2, 1, 1, 1], "prompts": ["a", "b"], "targets": None}).encode() + b"\n\x00\x00"
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        input=request * 2,
+        capture_output=True,
+        env={"PYTHONPATH": str(SCRIPTS_DIR)},
+        check=True,
+    )
+    assert out.stdout.splitlines() == [b'{"scores": [2.0, 2.0]}'] * 2
+    assert out.stderr.splitlines() == [b"from C", b"from print"] * 2

@@ -41,6 +41,16 @@ def test_inheriting_is_part_of_the_key_and_needs_the_trainers_python():
         ScorerEnvironment((OLD_NUMPY,), python=other, inherit=True)
 
 
+def test_overrides_tell_environments_apart_and_no_overrides_keeps_the_description():
+    plain = ScorerEnvironment(("paddleocr",))
+    assert "overrides" not in plain.description()
+    dropped = ScorerEnvironment(("paddleocr",), overrides=("opencv-python; sys_platform == 'never'",))
+    assert dropped.key() != plain.key()
+    assert dropped.description()["overrides"] == ["opencv-python; sys_platform == 'never'"]
+    with pytest.raises(ValueError, match="overrides must be non-empty"):
+        ScorerEnvironment(("paddleocr",), overrides=(" ",))
+
+
 def test_empty_requirements_are_refused():
     with pytest.raises(ValueError, match="requirements must be non-empty"):
         ScorerEnvironment(())

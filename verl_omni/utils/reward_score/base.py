@@ -142,6 +142,8 @@ class Scorer(ABC):
             virtual environment built from them (the trainer's preflight builds it before Ray).
         inherit: the own environment imports what its requirements do not install from the trainer's
             packages (torch, too heavy to install twice), searched after its own (``environment.py``).
+        overrides: ``uv`` override requirements of the own environment, e.g. to leave out a dependency the
+            requirements declare but the scorer never imports (``environment.ScorerEnvironment``); none by default.
     """
 
     params_cls: ClassVar[type[BaseConfig]] = NoParams
@@ -151,11 +153,14 @@ class Scorer(ABC):
     extra: ClassVar[str | None] = None
     requirements: ClassVar[tuple[str, ...]] = ()
     inherit: ClassVar[bool] = False
+    overrides: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def environment(cls) -> ScorerEnvironment | None:
         """The scorer's own environment (built from ``requirements``), None when it runs in the trainer's."""
-        return ScorerEnvironment(tuple(cls.requirements), inherit=cls.inherit) if cls.requirements else None
+        if not cls.requirements:
+            return None
+        return ScorerEnvironment(tuple(cls.requirements), inherit=cls.inherit, overrides=tuple(cls.overrides))
 
     def __init__(self, params: BaseConfig | None = None):
         self.params = params if params is not None else self.params_cls()

@@ -7,9 +7,10 @@ trainer's environment is never written to.
 
 Cache: ``$VERL_OMNI_SCORER_ENV_DIR`` (default ``~/.cache/verl_omni/scorer_envs``) holds one directory per
 environment, named by :meth:`ScorerEnvironment.key`: the first 16 hex digits of the SHA-256 of the sorted
-requirement strings, the Python version and the platform. A finished environment holds ``environment.json``
-(what it was built from); one without it is rebuilt. Builds go to a temporary sibling directory that is renamed
-into place when complete, so an interrupted or concurrent build never leaves a half environment under the key.
+requirement strings (and overrides, if any), the Python version and the platform. A finished environment holds
+``environment.json`` (what it was built from); one without it is rebuilt. Builds go to a temporary sibling
+directory that is renamed into place when complete, so an interrupted or concurrent build never leaves a half
+environment under the key.
 
 A build failure raises :class:`ScorerEnvironmentError` naming the requirement(s) the installer's report mentions
 and the installer's own last lines, so a bad pin fails before anything else starts.
@@ -45,6 +46,7 @@ DEFAULT_CACHE_DIR = Path("~/.cache/verl_omni/scorer_envs")
 DONE_FILE = "environment.json"
 # written into an inheriting environment's site-packages; the name sorts after the packages' own .pth files
 INHERIT_FILE = "zz_verl_omni_trainer_packages.pth"
+OVERRIDES_FILE = "overrides.txt"
 # the installer's last lines kept in an error: enough for the resolver's explanation
 ERROR_TAIL_LINES = 20
 
@@ -67,11 +69,16 @@ class ScorerEnvironment:
         python (str | None): the Python version (``"3.11"``); None: the trainer's own major.minor version.
         inherit (bool): import what the requirements do not install from the trainer's site-packages, searched
             after the environment's own (module docstring); the Python version must then be the trainer's.
+        overrides (tuple[str, ...]): ``uv``'s override requirements (``uv pip install --override``), which replace
+            what the requirements' own metadata asks for a package: a version, or, with a marker that never holds
+            (``"opencv-python; sys_platform == 'never'"``), nothing, so that a dependency a package declares but
+            the scorer does not use (a GUI OpenCV beside the headless one) is not installed.
     """
 
     requirements: tuple[str, ...]
     python: str | None = None
     inherit: bool = False
+    overrides: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.requirements or not all(isinstance(r, str) and r.strip() for r in self.requirements):
@@ -81,6 +88,8 @@ class ScorerEnvironment:
                 f"python={self.python!r} with inherit=True: an environment that imports the trainer's packages runs"
                 f" the trainer's Python ({_trainer_python()}); drop python or inherit"
             )
+        if not all(isinstance(r, str) and r.strip() for r in self.overrides):
+            raise ValueError(f"overrides must be non-empty requirement strings, got {self.overrides!r}")
 
     @property
     def python_version(self) -> str:
@@ -95,6 +104,8 @@ class ScorerEnvironment:
         }
         if self.inherit:
             description["inherit"] = trainer_site_packages()
+        if self.overrides:  # absent when empty, so that the keys of environments without overrides stay as they were
+            description["overrides"] = sorted(r.strip() for r in self.overrides)
         return description
 
     def key(self) -> str:
@@ -169,9 +180,12 @@ def build(environment: ScorerEnvironment, root: Path | None = None) -> Path:
         result = _uv("venv", "--quiet", "--python", interpreter, str(staging))
         if result.returncode != 0:
             raise _failure(environment, f"creating a Python {environment.python_version} venv", result)
-        result = _uv(
-            "pip", "install", "--quiet", "--python", str(staging / "bin" / "python"), *environment.requirements
-        )
+        overrides = []
+        if environment.overrides:
+            (staging / OVERRIDES_FILE).write_text("".join(r.strip() + "\n" for r in environment.overrides))
+            overrides = ["--override", str(staging / OVERRIDES_FILE)]
+        python = str(staging / "bin" / "python")
+        result = _uv("pip", "install", "--quiet", "--python", python, *overrides, *environment.requirements)
         if result.returncode != 0:
             raise _failure(environment, "installing requirements", result)
         if environment.inherit:

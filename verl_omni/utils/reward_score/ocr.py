@@ -58,11 +58,17 @@ def _normalize(text: str) -> str:
     return "".join(text.lower().split())
 
 
-def ocr_similarity(read: str, target: str) -> float:
-    """1 − edit distance / target length (normalized texts), clipped to [0, 1]."""
+def ocr_similarity(read: str, target: str, contained_is_exact: bool = False) -> float:
+    """1 − edit distance / target length (normalized texts), clipped to [0, 1].
+
+    ``contained_is_exact``: a target found inside the read text counts as distance 0 (Flow-GRPO's PaddleOCR
+    reward: text around the target is not penalized).
+    """
     read, target = _normalize(read), _normalize(target)
     if not target:
         return 1.0 if not read else 0.0
+    if contained_is_exact and target in read:
+        return 1.0
     return max(0.0, 1.0 - edit_distance(read, target) / len(target))
 
 

@@ -2,10 +2,12 @@
 
 Standard library only, and nothing of ``verl_omni``: it runs under the Python of the scorer's own environment.
 A script calls :func:`serve` with a function of ``(images_bytes, shape, prompts, targets, extra)`` whose return
-value is any JSON value (a scorer's: one float per sample); ``serve`` answers requests until its input ends.
+value is any JSON value (a scorer's: one float per sample; a scorer that scores on the trainer's side: what the
+child measured, e.g. the texts read or the detections); ``serve`` answers requests until its input ends.
 """
 
 import json
+import os
 import sys
 import traceback
 
@@ -22,8 +24,13 @@ def _read_exactly(stream, size):
 
 
 def serve(function):
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    # the protocol owns stdout: anything the scorer's packages print goes to stderr
+    requests = sys.stdin.buffer
+    # The protocol owns stdout: from here on anything the scorer's packages write there goes to stderr, at the
+    # file-descriptor level too (a C++ library's printf, a logging handler that kept the old sys.stdout). What a
+    # script writes before serving is not caught: load models in the first call, not before.
+    sys.stdout.flush()
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     sys.stdout = sys.stderr
     while True:
         line = requests.readline()
