@@ -70,7 +70,7 @@ def test_what_a_script_writes_to_stdout_while_serving_goes_to_stderr_not_the_pro
     script = tmp_path / "noisy.py"
     script.write_text(
         "import os\nfrom scorer_child import serve\n\n"
-        "def score(data, shape, prompts, targets):\n"
+        "def score(data, shape, prompts, targets, extra):\n"
         "    os.write(1, b'from C\\n')\n"
         "    print('from print')\n"
         "    return [len(data)] * shape[0]\n\n"
@@ -84,5 +84,5 @@ def test_what_a_script_writes_to_stdout_while_serving_goes_to_stderr_not_the_pro
         env={"PYTHONPATH": str(SCRIPTS_DIR)},
         check=True,
     )
-    assert out.stdout.splitlines() == [b'{"scores": [2.0, 2.0]}'] * 2
+    assert out.stdout.splitlines() == [b'{"result": [2, 2]}'] * 2
     assert out.stderr.splitlines() == [b"from C", b"from print"] * 2
