@@ -169,6 +169,10 @@ class Flux2TrainingAdapter(Flux2FamilyAdapter):
     embeds_guidance = True
     lora_file_pipeline = "Flux2Pipeline"
     cfg_conditioning_keys = ()
+    # vLLM-Omni 0.26's FLUX.2-dev transformer (not klein's) runs its single-stream blocks' joint attention its own
+    # way when split: a split replica's samples drift from the unsplit one's beyond the fp32 reordering
+    # tolerance, so the rollout split is not offered (the replay's, diffusers' context-parallel plan, is)
+    rollout_supports_sequence_parallel = False
 
     @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / FLUX.2-dev / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -28,6 +28,8 @@ NOISE = 0.7
 MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
+    # FLUX.2-dev's guidance embedded too
+    "flux2": {"guidance_scale": 2.5},
     # the base klein's classic CFG (the step-distilled one refuses it)
     "flux2_klein": {"true_cfg_scale": 4.0},
     "flux2_klein_distilled": {},
@@ -191,6 +193,7 @@ def test_random_windows_thin_the_ode_after_the_window_range_and_record_the_unthi
 LORA_LAYERS = {
     "sd3": 9,
     "flux": 5,
+    "flux2": 4,
     "flux2_klein": 4,
     "flux2_klein_distilled": 4,
     "z_image": 8,
