@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
+"""The SD3.5 / FLUX.1 / FLUX.2-dev / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
 tiny bf16 checkpoints.
 
 One engine per model (module-scoped, parametrized), as ``test_diffusers_rollout_engine.py`` runs
@@ -22,6 +22,8 @@ NOISE = 0.7
 MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
+    # FLUX.2-dev's embedded guidance
+    "flux2": {"guidance_scale": 2.5},
     # the base klein's CFG; the step-distilled klein samples without
     "flux2_klein": {"true_cfg_scale": 4.0},
     "flux2_klein_distilled": {},
