@@ -430,8 +430,9 @@ def test_guidance_distilled_flux_refuses_true_cfg(adapter, default):
 
     adapter = _adapter(Model("", adapter, 1.0))
     spec = SamplingSpec(num_inference_steps=4, height=32, width=32, true_cfg_scale=4.0)
-    with pytest.raises(ValueError, match="guidance-distilled: true_cfg_scale=4.0"):
+    with pytest.raises(ValueError, match="guidance-distilled") as error:
         adapter.step_velocity(None, {}, 0, spec, 4)
+    assert "true_cfg_scale=4.0" in str(error.value)
     name = adapter.__name__
     with pytest.raises(ValueError, match=rf"true_cfg_scale=4.0: {name} .*guidance_scale \(default {default}\)"):
         spec.for_model(adapter)

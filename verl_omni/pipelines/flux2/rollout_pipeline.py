@@ -12,7 +12,7 @@ serve one prompt at a time. The velocity is the training adapter's
 
 FLUX.2-dev is guidance-distilled: the spec's ``guidance_scale`` (default 4) is embedded and no negative prompt is
 encoded. The stock forward would also run true CFG when a request carries a negative prompt; the sampling spec
-refuses ``true_cfg_scale`` > 1 for this model, and so does this pipeline.
+refuses ``true_cfg_scale`` > 1 for this model, and so does this pipeline (the adapter's ``cfg_refusal``).
 
 The prompt ids are the bare Mistral ids (``Flux2TrainingAdapter.prompt_token_ids``); their text is what the stock
 encoder templates. Recorded per sample: ``prompt_embeds`` ``[512, 3D]``; the latents are FLUX.2's own ``[S, 4C]``
@@ -57,9 +57,6 @@ class Flux2RolloutMixin(DiffusersRolloutMixin):
                     prompt.pop("multi_modal_data", None)
         return super().forward(req)
 
-    def check_spec(self, spec) -> None:
-        """Refuse a sampling setting this checkpoint cannot run (as its adapter does before Ray starts)."""
-
     def conditioning(self, requests: list[RolloutRequest], negative: bool) -> dict[str, torch.Tensor]:
         texts = self.prompt_texts(self.tokenizer, requests, negative=negative)
         embeds, _ = self.encode_prompt(texts, self._execution_device, max_sequence_length=MAX_SEQUENCE_LENGTH)
@@ -67,7 +64,8 @@ class Flux2RolloutMixin(DiffusersRolloutMixin):
 
     def rollout_forward(self, req):
         requests, spec, cond = self.conditioned_batch(req)
-        self.check_spec(spec)
+        # CFG for a checkpoint that samples without: refused as before Ray starts (the adapter's ``cfg_refusal``)
+        self.adapter.for_checkpoint(self.od_config.model).refuse_cfg(spec, f"{self.od_config.model}: ")
         device = self._execution_device
         recorder = RolloutRecorder(requests, device)
         latents, latent_ids = self.prepare_latents(
@@ -119,10 +117,3 @@ class Flux2LogProbPipeline(Flux2RolloutMixin, Flux2Pipeline):
     """FLUX.2-dev rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
     adapter = Flux2TrainingAdapter
-
-    def check_spec(self, spec) -> None:
-        if spec.uses_cfg:
-            raise ValueError(
-                f"true_cfg_scale={spec.true_cfg_scale}: {self.od_config.model} is FLUX.2-dev, which is "
-                "guidance-distilled; send true_cfg_scale <= 1 and steer with guidance_scale"
-            )

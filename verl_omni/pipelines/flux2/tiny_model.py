@@ -15,27 +15,18 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from verl_omni.pipelines.flux.tiny_model import FLUX_SCHEDULER_CONFIG
 from verl_omni.utils.tiny_models import components as parts
 from verl_omni.utils.tiny_models.tokenizer import train_bpe
 
 logger = logging.getLogger(__name__)
 
-# the released FLUX.2 checkpoints' scheduler (dev and klein alike): dynamic shifting on, so the μ the pipelines
-# compute (FLUX.2's empirical μ of the token count and step count) sets the shift
-FLUX2_SCHEDULER_CONFIG = {
-    "base_image_seq_len": 256,
-    "base_shift": 0.5,
-    "max_image_seq_len": 4096,
-    "max_shift": 1.15,
-    "num_train_timesteps": 1000,
-    "shift": 3.0,
-    "use_dynamic_shifting": True,
-}
 LATENT_CHANNELS = 4
 TEXT_HIDDEN_SIZE = 32
 # the pipelines' default ``text_encoder_out_layers`` is (10, 20, 30): hidden_states[30] of a 31-layer model is an
 # intermediate layer's output, as in the released 40-layer encoder
 TEXT_LAYERS = 31
+# the pipelines stack three layers' states along the feature axis (dev and klein)
 TEXT_STACKED_LAYERS = 3
 # Mistral's special tokens, ids 0.. in this order as in the released Tekken vocabulary (the image ones are what
 # PixtralProcessor looks up)
@@ -67,9 +58,9 @@ MISTRAL_CHAT_TEMPLATE = (
 PATCH_SIZE = 16
 
 
-def flux2_transformer(joint_attention_dim: int, guidance_embeds: bool):
-    """A one-double-block, one-single-block ``Flux2Transformer2DModel`` reading ``joint_attention_dim`` text
-    features (the stacked hidden states), with the guidance embedding of dev or without it (klein)."""
+def _transformer(text_hidden_size: int, guidance_embeds: bool):
+    """A one-double-block, one-single-block ``Flux2Transformer2DModel`` reading the stacked hidden states of a
+    ``text_hidden_size`` text encoder, with the guidance embedding of dev or without it (klein)."""
     from diffusers import Flux2Transformer2DModel
 
     return Flux2Transformer2DModel(
@@ -79,14 +70,14 @@ def flux2_transformer(joint_attention_dim: int, guidance_embeds: bool):
         num_single_layers=1,
         attention_head_dim=16,
         num_attention_heads=2,
-        joint_attention_dim=joint_attention_dim,
+        joint_attention_dim=text_hidden_size * TEXT_STACKED_LAYERS,
         timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4),
         guidance_embeds=guidance_embeds,
     )
 
 
-def vae():
+def _vae():
     """The FLUX.2 autoencoder (``AutoencoderKLFlux2``, latent batch norm), 3 levels: 4 pixels per latent cell."""
     from diffusers import AutoencoderKLFlux2
 
@@ -174,25 +165,54 @@ def mistral3_text_encoder(tokenizer):
     return Mistral3ForConditionalGeneration(config).eval()
 
 
+def save_flux2_pipeline(
+    pipeline_cls,
+    out_dir: Path,
+    seed: int,
+    dtype: str,
+    text_encoder,
+    text_hidden_size: int,
+    guidance_embeds: bool,
+    **fixed,
+) -> Path:
+    """A tiny FLUX.2 pipeline (dev's or klein's ``pipeline_cls``) saved to ``out_dir`` (:func:`parts.save_pipeline`):
+    the transformer reading the stacked states of the ``text_hidden_size`` encoder built by ``text_encoder`` (a
+    zero-argument factory), with or without ``guidance_embeds``, the FLUX.2 VAE and the scheduler; ``fixed``: the
+    tokenizer and the pipeline's other constructor arguments. The released FLUX.2 schedulers hold FLUX.1-dev's values
+    (dynamic shifting on: the μ the pipelines compute, FLUX.2's empirical μ(S, N), sets the shift)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return parts.save_pipeline(
+        pipeline_cls,
+        Path(out_dir),
+        seed,
+        dtype,
+        {
+            "transformer": lambda: _transformer(text_hidden_size, guidance_embeds),
+            "vae": _vae,
+            "text_encoder": text_encoder,
+        },
+        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX_SCHEDULER_CONFIG),
+        **fixed,
+    )
+
+
 def build_tiny_flux2(out_dir: Path, seed: int = 0, dtype: str = "float32") -> Path:
     """Write a tiny random FLUX.2-dev pipeline to ``out_dir``; the same seed gives the same files.
 
     Returns ``out_dir``, loadable with ``Flux2Pipeline.from_pretrained(out_dir)``.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2Pipeline
+    from diffusers import Flux2Pipeline
 
     processor = mistral_processor()
-    out = parts.save_pipeline(
+    out = save_flux2_pipeline(
         Flux2Pipeline,
-        Path(out_dir),
+        out_dir,
         seed,
         dtype,
-        {
-            "transformer": lambda: flux2_transformer(TEXT_HIDDEN_SIZE * TEXT_STACKED_LAYERS, guidance_embeds=True),
-            "vae": vae,
-            "text_encoder": lambda: mistral3_text_encoder(processor.tokenizer),
-        },
-        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        lambda: mistral3_text_encoder(processor.tokenizer),
+        TEXT_HIDDEN_SIZE,
+        guidance_embeds=True,
         tokenizer=processor,
     )
     logger.info("tiny FLUX.2-dev written to %s", out)

@@ -107,6 +107,9 @@ class Flux2FamilyAdapter(DiffusersFlowMatchAdapter):
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
     # the guidance embedding's input of a guidance-distilled model; False: none (klein)
     embeds_guidance: ClassVar[bool] = False
+    # why a checkpoint samples without CFG: true_cfg_scale > 1 is refused (before Ray starts by the sampling spec, in
+    # the rollout and the replay by this message); None: CFG is served
+    cfg_refusal: ClassVar[str | None] = None
 
     @classmethod
     def prompt_token_ids(cls, tokenizer, prompt: str) -> list[int]:
@@ -140,8 +143,16 @@ class Flux2FamilyAdapter(DiffusersFlowMatchAdapter):
         return torch.full((batch_size,), float(scale), dtype=torch.float32, device=device)
 
     @classmethod
+    def refuse_cfg(cls, spec, where: str = "") -> None:
+        """Refuse a CFG ``spec`` for a checkpoint that samples without (:attr:`cfg_refusal`); ``where``: the
+        checkpoint, named in the message."""
+        if spec.uses_cfg and cls.cfg_refusal:
+            raise ValueError(f"true_cfg_scale={spec.true_cfg_scale}: {where}{cls.cfg_refusal}")
+
+    @classmethod
     def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
         """Packed velocity ``[B, S, 4C]`` at recorded step ``step``; classic CFG when ``spec.uses_cfg``."""
+        cls.refuse_cfg(spec)
         tokens = batch["all_latents"][:, step]
         height, width = cls.latent_grid(spec, vae_scale_factor)
         negative = batch["negative_prompt_embeds"] if spec.uses_cfg else None
@@ -173,13 +184,7 @@ class Flux2TrainingAdapter(Flux2FamilyAdapter):
     # way when split: a split replica's samples drift from the unsplit one's beyond the fp32 reordering
     # tolerance, so the rollout split is not offered (the replay's, diffusers' context-parallel plan, is)
     rollout_supports_sequence_parallel = False
-
-    @classmethod
-    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
-        """Packed velocity ``[B, S, 4C]`` at recorded step ``step``: one pass with the guidance embedding."""
-        if spec.uses_cfg:
-            raise ValueError(
-                f"FLUX.2-dev ({cls.lora_file_pipeline}) is guidance-distilled: true_cfg_scale={spec.true_cfg_scale} "
-                "is not supported (set it to 1 and steer with guidance_scale)"
-            )
-        return super().step_velocity(module, batch, step, spec, vae_scale_factor)
+    cfg_refusal = (
+        "FLUX.2-dev is guidance-distilled (one pass per step, no negative prompt); set "
+        "actor_rollout_ref.rollout.true_cfg_scale=1 and steer with guidance_scale"
+    )

@@ -31,10 +31,3 @@ class Flux2KleinLogProbPipeline(Flux2RolloutMixin, Flux2KleinPipeline):
 
     def __init__(self, *, od_config, prefix: str = ""):
         super().__init__(od_config=od_config, prefix=prefix, is_distilled=is_distilled(od_config.model))
-
-    def check_spec(self, spec) -> None:
-        if spec.uses_cfg and self.is_distilled:
-            raise ValueError(
-                f"true_cfg_scale={spec.true_cfg_scale}: {self.od_config.model} is the step-distilled FLUX.2-klein, "
-                "which samples without CFG; send true_cfg_scale <= 1"
-            )

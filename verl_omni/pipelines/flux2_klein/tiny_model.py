@@ -3,7 +3,8 @@
 Laid out like the released FLUX.2-klein checkpoints (``Flux2KleinPipeline``): a Qwen3 language model of
 which the pipelines stack the hidden states of layers 9, 18 and 27 (so the tiny one has 28 layers, and
 both pipelines run their default layer choice), the FLUX.2 autoencoder with its latent batch norm, a
-transformer without a guidance embedding (those two and the scheduler are FLUX.2-dev's builder's), and
+transformer without a guidance embedding (those two and the scheduler written by FLUX.2-dev's builder's
+:func:`~verl_omni.pipelines.flux2.tiny_model.save_flux2_pipeline`), and
 ``is_distilled`` in ``model_index.json``. So diffusers, vLLM-Omni and the trainer load it through the code paths
 of the real model.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from verl_omni.pipelines.flux2.tiny_model import FLUX2_SCHEDULER_CONFIG, flux2_transformer, vae
+from verl_omni.pipelines.flux2.tiny_model import save_flux2_pipeline
 from verl_omni.utils.tiny_models import components as parts
 
 logger = logging.getLogger(__name__)
@@ -21,8 +22,6 @@ logger = logging.getLogger(__name__)
 TEXT_HIDDEN_SIZE = 32
 # the pipelines' default ``text_encoder_out_layers`` is (9, 18, 27): hidden_states[27] needs 27 layers
 TEXT_LAYERS = 28
-# the pipelines stack three layers' states along the feature axis
-TEXT_STACKED_LAYERS = 3
 
 
 def build_tiny_flux2_klein(out_dir: Path, seed: int = 0, dtype: str = "float32", distilled: bool = False) -> Path:
@@ -31,20 +30,17 @@ def build_tiny_flux2_klein(out_dir: Path, seed: int = 0, dtype: str = "float32",
     ``distilled``: written as the step-distilled klein (``is_distilled: true``, no CFG) instead of the base model.
     Returns ``out_dir``, loadable with ``Flux2KleinPipeline.from_pretrained(out_dir)``.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline
+    from diffusers import Flux2KleinPipeline
 
     tokenizer = parts.qwen3_tokenizer()
-    out = parts.save_pipeline(
+    out = save_flux2_pipeline(
         Flux2KleinPipeline,
-        Path(out_dir),
+        out_dir,
         seed,
         dtype,
-        {
-            "transformer": lambda: flux2_transformer(TEXT_HIDDEN_SIZE * TEXT_STACKED_LAYERS, guidance_embeds=False),
-            "vae": vae,
-            "text_encoder": lambda: parts.qwen3_text_encoder(tokenizer, TEXT_HIDDEN_SIZE, TEXT_LAYERS),
-        },
-        scheduler=FlowMatchEulerDiscreteScheduler(**FLUX2_SCHEDULER_CONFIG),
+        lambda: parts.qwen3_text_encoder(tokenizer, TEXT_HIDDEN_SIZE, TEXT_LAYERS),
+        TEXT_HIDDEN_SIZE,
+        guidance_embeds=False,
         tokenizer=tokenizer,
         is_distilled=distilled,
     )

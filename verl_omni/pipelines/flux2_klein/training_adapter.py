@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from verl_omni.pipelines.flux2.training_adapter import Flux2FamilyAdapter
 from verl_omni.pipelines.model_base import register_model_adapter
 
@@ -57,12 +55,7 @@ class Flux2KleinDistilledTrainingAdapter(Flux2KleinTrainingAdapter):
     default_true_cfg_scale = 1.0
     # the pipelines ignore the guidance scale of a distilled klein: CFG is refused before Ray starts
     sampler_choices = {"true_cfg_scale": (1.0,)}
-
-    @classmethod
-    def step_velocity(cls, module, batch, step: int, spec, vae_scale_factor: int) -> torch.Tensor:
-        if spec.uses_cfg:
-            raise ValueError(
-                f"true_cfg_scale={spec.true_cfg_scale}: the step-distilled FLUX.2-klein samples without CFG; set "
-                "actor_rollout_ref.rollout.true_cfg_scale=1 (or use the base klein checkpoint for CFG)"
-            )
-        return super().step_velocity(module, batch, step, spec, vae_scale_factor)
+    cfg_refusal = (
+        "the step-distilled FLUX.2-klein samples without CFG; set actor_rollout_ref.rollout.true_cfg_scale=1 (or use "
+        "the base klein checkpoint for CFG)"
+    )
