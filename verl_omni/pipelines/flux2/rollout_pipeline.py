@@ -35,13 +35,13 @@ from verl_omni.pipelines.flux2.training_adapter import (
 from verl_omni.pipelines.recorder import RolloutRecorder
 from verl_omni.pipelines.rollout_request import RolloutRequest
 from verl_omni.pipelines.schedulers.flow_match_sde import schedule_sigmas
+from verl_omni.utils.vllm_omni_compat import mistral_encoder_rope_theta
 
 
 class Flux2RolloutMixin(DiffusersRolloutMixin):
     """The FLUX.2 rollout loop, put before vLLM-Omni's FLUX.2 pipeline class (``Flux2Pipeline`` or
     ``Flux2KleinPipeline``: the same latents, schedule and decoding; ``encode_prompt`` alike)."""
 
-    supports_request_batch = True
     #: the model's training adapter: its guidance embedding is the one the replay passes
     adapter: type[Flux2FamilyAdapter]
 
@@ -117,3 +117,8 @@ class Flux2LogProbPipeline(Flux2RolloutMixin, Flux2Pipeline):
     """FLUX.2-dev rollout pipeline: token ids in; images, SDE trajectories and log-probs out."""
 
     adapter = Flux2TrainingAdapter
+
+    def __init__(self, *, od_config, prefix: str = ""):
+        super().__init__(od_config=od_config, prefix=prefix)
+        # the text encoder's RoPE base from its config (vLLM-Omni 0.26 misses it under transformers 5)
+        mistral_encoder_rope_theta(self.text_encoder)

@@ -4,10 +4,10 @@ Laid out like the released FLUX.2-dev checkpoint (``Flux2Pipeline``): a ``Mistra
 text encoder (a small Pixtral vision tower the pipelines never run, a Mistral language model of which they stack
 the hidden states of layers 10, 20 and 30, so the tiny one has 31 layers and both pipelines run their default
 choice), its ``PixtralProcessor`` with a Mistral-style chat template (system prompt then ``[INST]`` turn), the
-FLUX.2 autoencoder with its latent batch norm and a transformer with ``guidance_embeds`` (both shared with the
-FLUX.2-klein builder, which has no guidance embedding). The language model's head is untied, as in the released encoder:
-vLLM-Omni's Mistral encoder loads it. So diffusers, vLLM-Omni and the trainer load it through the code paths of
-the real model.
+FLUX.2 autoencoder with its latent batch norm and a transformer with ``guidance_embeds``. The language model's head
+is untied, as in the released encoder: vLLM-Omni's Mistral encoder loads it. So diffusers, vLLM-Omni and the trainer
+load it through the code paths of the real model. :func:`save_flux2_pipeline` writes what the FLUX.2-klein builder
+shares (its transformer has no guidance embedding).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ TEXT_HIDDEN_SIZE = 32
 TEXT_LAYERS = 31
 # the pipelines stack three layers' states along the feature axis (dev and klein)
 TEXT_STACKED_LAYERS = 3
-# Mistral's special tokens, ids 0.. in this order as in the released Tekken vocabulary (the image ones are what
-# PixtralProcessor looks up)
+# Mistral's special tokens, first in the vocabulary (the chat template's, the image ones PixtralProcessor looks up,
+# and the padding)
 MISTRAL_SPECIAL_TOKENS = (
     "<unk>",
     "<s>",
@@ -43,7 +43,7 @@ MISTRAL_SPECIAL_TOKENS = (
     "[IMG_END]",
     "<pad>",
 )
-# what the released template renders for the pipelines' conversation (a system message, one user turn, no
+# the form of Mistral Small 3's template for the pipelines' conversation (a system message, one user turn, no
 # generation prompt); content is a list of typed parts, as the pipelines build it, or a plain string
 MISTRAL_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
