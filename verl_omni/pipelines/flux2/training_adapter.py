@@ -105,8 +105,6 @@ class Flux2FamilyAdapter(DiffusersFlowMatchAdapter):
     rollout_supports_sequence_parallel = True
     # the double-stream blocks' attention projections (the single-stream blocks fuse q/k/v with the MLP input)
     lora_target_modules = JOINT_ATTENTION_LORA_TARGETS
-    # the guidance embedding's input of a guidance-distilled model; False: none (klein)
-    embeds_guidance: ClassVar[bool] = False
     # why a checkpoint samples without CFG: true_cfg_scale > 1 is refused (before Ray starts by the sampling spec, in
     # the rollout and the replay by this message); None: CFG is served
     cfg_refusal: ClassVar[str | None] = None
@@ -136,8 +134,8 @@ class Flux2FamilyAdapter(DiffusersFlowMatchAdapter):
     @classmethod
     def embedded_guidance(cls, spec, batch_size: int, device) -> torch.Tensor | None:
         """The guidance embedding's input ``[B]`` (fp32, the spec's ``guidance_scale`` or the model's default), as
-        the pipelines pass it; None for a model without one."""
-        if not cls.embeds_guidance:
+        the pipelines pass it; None for a model without one (not ``guidance_style`` "distilled": klein)."""
+        if cls.guidance_style != "distilled":
             return None
         scale = cls.default_guidance_scale if spec.guidance_scale is None else spec.guidance_scale
         return torch.full((batch_size,), float(scale), dtype=torch.float32, device=device)
@@ -177,7 +175,6 @@ class Flux2TrainingAdapter(Flux2FamilyAdapter):
     rollout_pipeline = "verl_omni.pipelines.flux2.rollout_pipeline.Flux2LogProbPipeline"
     guidance_style = "distilled"
     default_guidance_scale = DEV_GUIDANCE_SCALE
-    embeds_guidance = True
     lora_file_pipeline = "Flux2Pipeline"
     cfg_conditioning_keys = ()
     # vLLM-Omni 0.26's FLUX.2-dev transformer (not klein's) runs its single-stream blocks' joint attention its own

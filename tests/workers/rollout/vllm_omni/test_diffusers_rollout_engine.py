@@ -147,7 +147,7 @@ def test_the_source_image_changes_the_edit(loop, model_engine, model_name, promp
         loop.run(model_engine.engine_call(prompt_ids["cat"], params, "no-src", 1, negative))
 
 
-def test_flux2_dev_prompt_embeds_are_diffusers_on_the_prompts_tokens(
+def test_mistral_prompt_embeds_are_diffusers_on_the_prompts_tokens(
     loop, model_engine, model_name, prompt_ids, tiny_path
 ):
     """FLUX.2-dev's text encoder is vLLM-Omni's own Mistral (not transformers'): on the templated prompt's tokens the
