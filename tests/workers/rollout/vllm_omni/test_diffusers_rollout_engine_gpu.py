@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-dev / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
+"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (video) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on CUDA: vLLM-Omni in bf16 on the
 tiny bf16 checkpoints.
 
 One engine per model (module-scoped, parametrized), as ``test_diffusers_rollout_engine.py`` runs
