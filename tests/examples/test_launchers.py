@@ -33,6 +33,7 @@ PRESETS = REPO / "verl_omni" / "trainer" / "config" / "experiment"
 RECIPES = {
     "sd3": "run_sd3_ocr_lora.sh",
     "flux": "run_flux_ocr_lora.sh",
+    "flux2": "run_flux2_dev_ocr_lora.sh",
     "flux2_klein_distilled": "run_flux2_klein_4b_ocr_lora.sh",
     "z_image": "run_z_image_ocr_lora.sh",
     "wan2_2": "run_wan2_2_5b_ocr_lora.sh",
@@ -45,7 +46,12 @@ RECIPES = {
     "flux_kontext": "run_flux_kontext_vlm_judge_lora.sh",
 }
 # the tiny builder of a launcher named after a model size (run_<name>_ocr_lora.sh with <name> no builder)
-LAUNCHER_MODELS = {"wan2_2_5b": "wan2_2", "wan2_2_a14b": "wan2_2_a14b", "flux2_klein_4b": "flux2_klein_distilled"}
+LAUNCHER_MODELS = {
+    "wan2_2_5b": "wan2_2",
+    "wan2_2_a14b": "wan2_2_a14b",
+    "flux2_klein_4b": "flux2_klein_distilled",
+    "flux2_dev": "flux2",
+}
 # passed after the launcher's own arguments: a CPU machine without the OCR service
 PASS_THROUGH = ("trainer.device=cpu", "reward.diffusion.preflight=false")
 # what a launcher's environment sets beside its paths: the reward server's URL and model, inside the scorer list
@@ -233,10 +239,10 @@ def test_an_editing_launcher_is_graded_by_the_vlm_judge_its_preflight_reaches(
 
 # the launcher runs the entry point in a fresh interpreter (Hydra's compose there): the full suite's
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["flux", "flux2_klein_distilled"])
+@pytest.mark.parametrize("model", ["flux", "flux2", "flux2_klein_distilled"])
 def test_a_setting_the_model_cannot_honour_is_refused_through_the_launcher(model, tiny_model, ocr_dir, tmp_path):
-    """True CFG on the guidance-distilled FLUX.1 and on the step-distilled FLUX.2-klein, given as an extra argument,
-    is refused naming the key."""
+    """True CFG on the guidance-distilled FLUX.1 and FLUX.2-dev and on the step-distilled FLUX.2-klein, given as an
+    extra argument, is refused naming the key."""
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config.validation import validate_config

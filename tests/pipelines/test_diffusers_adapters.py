@@ -1,4 +1,4 @@
-"""SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Qwen-Image-Edit and FLUX.1-Kontext training adapters against their own diffusers pipelines (CPU, fp32).
+"""SD3.5, FLUX.1, FLUX.2-dev, FLUX.2-klein (base and step-distilled), Z-Image, Qwen-Image-Edit and FLUX.1-Kontext training adapters against their own diffusers pipelines (CPU, fp32).
 
 The reference sampler is each model's diffusers pipeline itself, run with a scheduler whose
 ``step`` is the shared SDE step over per-sample windows and records what a rollout records: the
@@ -75,6 +75,14 @@ MODELS = {
         {"condition_area": EDIT_CONDITION_AREA},
         packed=True,
     ),
+    "flux2": Model(
+        "flux2",
+        "verl_omni.pipelines.flux2.training_adapter:Flux2TrainingAdapter",
+        1.0,
+        {"guidance_scale": 2.5},
+        guidance_scale=2.5,
+        packed=True,
+    ),
     "flux2_klein": Model(
         "flux2_klein",
         "verl_omni.pipelines.flux2_klein.training_adapter:Flux2KleinTrainingAdapter",
@@ -120,7 +128,7 @@ def _conditioning(name: str, pipe, prompts: list[str], cfg: bool) -> dict[str, t
             pe, pooled, _ = pipe.encode_prompt(list(prompts), None, device="cpu")
             out = {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
             return out | (_kontext_source(pipe) if name == "flux_kontext" else {})
-        if name.startswith("flux2_klein"):
+        if name.startswith("flux2"):
             out = {"prompt_embeds": pipe.encode_prompt(list(prompts), device="cpu")[0]}
             if cfg:
                 out["negative_prompt_embeds"] = pipe.encode_prompt([""] * len(prompts), device="cpu")[0]
@@ -400,21 +408,35 @@ def test_fsdp_blocks_and_lora_targets_name_modules_of_the_transformer(model_name
 def test_prompt_token_ids_are_the_rollout_tokenizers_unpadded_ids(model_name, pipe):
     adapter = _adapter(MODELS[model_name])
     tokenizer = getattr(pipe, adapter.tokenizer_subfolder)
+    # FLUX.2-dev's pipeline holds a processor; the agent loop loads the tokenizer inside it (AutoTokenizer)
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
     ids = adapter.prompt_token_ids(tokenizer, PROMPTS[0])
     template = len(adapter.prompt_token_ids(tokenizer, ""))
     assert 3 < len(ids) - template < 77 and tokenizer.pad_token_id not in ids[1:-1]
     assert "apple" in tokenizer.decode(ids)
 
 
-def test_flux_refuses_true_cfg():
-    from verl_omni.pipelines.flux.training_adapter import FluxTrainingAdapter
+@pytest.mark.parametrize(
+    ("adapter", "default"),
+    [
+        ("verl_omni.pipelines.flux.training_adapter:FluxTrainingAdapter", 3.5),
+        ("verl_omni.pipelines.flux2.training_adapter:Flux2TrainingAdapter", 4.0),
+    ],
+)
+def test_guidance_distilled_flux_refuses_true_cfg(adapter, default):
+    """FLUX.1-dev and FLUX.2-dev embed their guidance: true CFG is refused by the spec check the trainer runs before
+    Ray starts, and by the replay."""
     from verl_omni.pipelines.sampling import SamplingSpec
 
+    adapter = _adapter(Model("", adapter, 1.0))
     spec = SamplingSpec(num_inference_steps=4, height=32, width=32, true_cfg_scale=4.0)
-    with pytest.raises(ValueError, match="guidance-distilled: true_cfg_scale=4.0"):
-        FluxTrainingAdapter.step_velocity(None, {}, 0, spec, 4)
-    with pytest.raises(ValueError, match=r"true_cfg_scale=4.0: FluxTrainingAdapter .*guidance_scale \(default 3.5\)"):
-        spec.for_model(FluxTrainingAdapter)
+    with pytest.raises(ValueError, match="guidance-distilled") as error:
+        adapter.step_velocity(None, {}, 0, spec, 4)
+    assert "true_cfg_scale=4.0" in str(error.value)
+    name = adapter.__name__
+    with pytest.raises(ValueError, match=rf"true_cfg_scale=4.0: {name} .*guidance_scale \(default {default}\)"):
+        spec.for_model(adapter)
+    assert SamplingSpec.resolve(dict(num_inference_steps=4, height=32, width=32), adapter).guidance_scale == default
 
 
 def test_z_image_windows_stop_before_its_sigma_zero_step():

@@ -1,8 +1,8 @@
 """``python -m verl_omni.trainer.main_flowgrpo`` end to end, once per tiny model: real Ray, vLLM-Omni, FSDP2, reward loop.
 
-``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video (TI2V-5B and
-the two-expert A14B), Wan2.2 I2V-A14B, LTX-2 (video with sound), HunyuanVideo-1.5 text-to-video, Qwen-Image-Edit,
-FLUX.1-Kontext): the same command with only
+``one[<model>]`` (SD3.5, FLUX.1, FLUX.2-dev, FLUX.2-klein (base and step-distilled), Z-Image, Wan2.2 text-to-video
+(TI2V-5B and the two-expert A14B), Wan2.2 I2V-A14B, LTX-2 (video with sound), HunyuanVideo-1.5 text-to-video,
+Qwen-Image-Edit, FLUX.1-Kontext): the same command with only
 ``actor_rollout_ref.model.path`` changed (every other default works for every model; the video models also sample 5
 frames, the editing models and the image-to-video one read an editing set, Qwen-Image-Edit conditioning its source
 images at 32², the base FLUX.2-klein sampling with CFG 4, ``MODEL_ARGS``; FLUX.1-Kontext conditions the set's 32²
@@ -37,6 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 MODELS = (
     "sd3",
     "flux",
+    "flux2",
     "flux2_klein",
     "flux2_klein_distilled",
     "z_image",

@@ -623,6 +623,21 @@ def test_entry_point_refuses_an_unserved_pairing_before_any_engine_or_ray(
 
 
 @pytest.mark.parametrize(
+    ("model", "adapter", "default"), [("flux", "FluxTrainingAdapter", 3.5), ("flux2", "Flux2TrainingAdapter", 4.0)]
+)
+def test_true_cfg_on_a_guidance_distilled_model_is_refused_before_ray(compose, tiny_model, model, adapter, default):
+    """FLUX.1-dev and FLUX.2-dev embed their guidance (one pass per step): true CFG is refused naming the key, the
+    adapter and the setting to use instead."""
+    path = tiny_model(model)
+    message = fails_before_ray(
+        compose("actor_rollout_ref.rollout.true_cfg_scale=4", model=path),
+        re.escape("actor_rollout_ref.rollout.true_cfg_scale=4: "),
+    )
+    assert f"{adapter} (actor_rollout_ref.model.path={path}, algorithm=flow_grpo)" in message
+    assert "is guidance-distilled" in message and f"set guidance_scale (default {default})" in message
+
+
+@pytest.mark.parametrize(
     ("model", "num_frames", "allowed"), [("wan2_2", 6, "allowed: 1, 5, 9, ..."), ("qwen_image", 5, "allowed: 1")]
 )
 def test_a_frame_count_the_model_cannot_generate_is_refused_before_ray(compose, tiny_model, model, num_frames, allowed):

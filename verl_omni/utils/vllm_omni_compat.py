@@ -51,6 +51,10 @@ PIPELINE_GAPS = {
     # directory whose name holds ``hunyuan_video_15`` is served as the text-to-video ``HunyuanVideo15Pipeline`` (its
     # warm-up sends no source image and fails)
     "model_class_from_directory_name": ("0.26.",),
+    # vllm_omni/diffusion/models/mistral_encoder/mistral_encoder.py: ``MistralEncoderModel.__init__`` reads the RoPE
+    # base as ``text_config.rope_theta`` (default 1e6); transformers 5 configs hold it in ``rope_parameters`` only, so
+    # FLUX.2-dev's text encoder (the Mistral Small 3 config's θ = 1e9) rotates with θ = 1e6
+    "mistral_encoder_rope_theta": ("0.26.",),
 }
 
 
@@ -142,6 +146,27 @@ _gaps_worked_around: set[str] = set()
 # (``verl_omni.pipelines.rollout_output``); uint8 pixels there mark it final, which no stock pipeline's output is.
 ENVELOPE_KEY = "payload"
 IMAGE_KEY = "image"
+
+
+def mistral_encoder_rope_theta(text_encoder, installed: str | None = None) -> bool:
+    """Give vLLM-Omni's Mistral text encoder (``MistralEncoderModel``, FLUX.2-dev's) the RoPE base its config states;
+    True when its rotary table was rebuilt.
+
+    Gap ``mistral_encoder_rope_theta``: vLLM-Omni 0.26 reads ``config.rope_theta``, which a transformers 5 config
+    lacks (``rope_parameters["rope_theta"]`` holds it), and falls back to 1e6: every token after the first few is
+    rotated unlike the released encoder (and transformers' Mistral3, diffusers' text encoder) rotates it.
+    """
+    config = text_encoder.config
+    theta = getattr(config, "rope_theta", None) or (getattr(config, "rope_parameters", None) or {}).get("rope_theta")
+    rotary = text_encoder.language_model.model.rotary_emb
+    head_dim = text_encoder.head_dim
+    expected = 1.0 / (float(theta) ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)) if theta else None
+    if expected is None or torch.allclose(rotary.inv_freq.cpu(), expected, rtol=1e-6, atol=0):
+        return False
+    if not gap_open("mistral_encoder_rope_theta", installed):
+        return False
+    rotary.inv_freq = expected.to(rotary.inv_freq.device)
+    return True
 
 
 def is_final_pixels_output(output: Any) -> bool:

@@ -211,6 +211,15 @@ MODELS: dict[str, Model] = {
         "FLUX.1-dev",
         {**diffusers_family("flux"), "lora_diffusers": diffusers_lora("flux"), "lora_stock": stock_serving("flux")},
     ),
+    "Flux2TrainingAdapter": Model(
+        "FLUX.2-dev",
+        {
+            "rollout": rollout_engine("flux2"),
+            "replay": engine_replay("flux2"),
+            "trainer": trainer_run("flux2"),
+            "lora_diffusers": diffusers_lora("flux2"),
+        },
+    ),
     "Flux2KleinTrainingAdapter": Model(
         "FLUX.2-klein base (4B, 9B)",
         {

@@ -1,4 +1,4 @@
-"""The SD3.5 / FLUX.1 / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / LTX-2 (video with audio) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
+"""The SD3.5 / FLUX.1 / FLUX.2-dev / FLUX.2-klein / Z-Image / Wan2.2 (text-to-video, I2V-A14B) / HunyuanVideo-1.5 / LTX-2 (video with audio) / Qwen-Image-Edit / FLUX.1-Kontext rollout pipelines on the real engine (CPU platform plugin, tiny random models, fp32).
 
 One engine per model (module-scoped, parametrized): it runs the model's log-prob pipeline (a subclass
 of vLLM-Omni's own, keeping its denoising loop) in spawned worker processes, as the rollout server
@@ -28,6 +28,8 @@ NOISE = 0.7
 MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
+    # FLUX.2-dev's guidance embedded too
+    "flux2": {"guidance_scale": 2.5},
     # the base klein's classic CFG (the step-distilled one refuses it)
     "flux2_klein": {"true_cfg_scale": 4.0},
     "flux2_klein_distilled": {},
@@ -167,6 +169,31 @@ def test_the_source_image_changes_the_edit(loop, model_engine, model_name, promp
         loop.run(model_engine.engine_call(prompt_ids["cat"], params, "no-src", 1, negative))
 
 
+def test_mistral_prompt_embeds_are_diffusers_on_the_prompts_tokens(
+    loop, model_engine, model_name, prompt_ids, tiny_path
+):
+    """FLUX.2-dev's text encoder is vLLM-Omni's own Mistral (not transformers'): on the templated prompt's tokens the
+    recorded embeddings are diffusers' ``Flux2Pipeline.encode_prompt``'s (the RoPE base read from the config,
+    ``vllm_omni_compat.mistral_encoder_rope_theta``). Its padding rows differ: vLLM-Omni numbers the padding's
+    positions from the attention mask, transformers by index."""
+    if model_name != "flux2":
+        pytest.skip("FLUX.2-dev's text encoder only")
+    from diffusers import Flux2Pipeline
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    (out,) = generate(loop, model_engine, model_name, prompt_ids, request_id="embeds")
+    pipe = Flux2Pipeline.from_pretrained(tiny_path)
+    text = pipe.tokenizer.decode(prompt_ids["cat"], skip_special_tokens=True)
+    tokens = len(
+        pipe.tokenizer.apply_chat_template(format_input([text]), tokenize=True, return_dict=True)["input_ids"][0]
+    )
+    with torch.no_grad():
+        expected = pipe.encode_prompt([text], device="cpu")[0][0]
+    recorded = torch.as_tensor(out.extra_fields["prompt_embeds"]).float()
+    assert recorded.shape == expected.shape and 20 < tokens < expected.shape[0]
+    torch.testing.assert_close(recorded[:tokens], expected[:tokens], rtol=0, atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def batched(loop, model_engine, model_name, prompt_ids):
     return generate(loop, model_engine, model_name, prompt_ids, n=3, request_id="batched")
@@ -213,6 +240,7 @@ def test_random_windows_thin_the_ode_after_the_window_range_and_record_the_unthi
 LORA_LAYERS = {
     "sd3": 9,
     "flux": 5,
+    "flux2": 4,
     "flux2_klein": 4,
     "flux2_klein_distilled": 4,
     "z_image": 8,

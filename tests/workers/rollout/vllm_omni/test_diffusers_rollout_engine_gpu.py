@@ -22,6 +22,8 @@ NOISE = 0.7
 MODELS = {
     "sd3": {"true_cfg_scale": 4.5},
     "flux": {"guidance_scale": 2.5},
+    # FLUX.2-dev's embedded guidance
+    "flux2": {"guidance_scale": 2.5},
     # the base klein's CFG; the step-distilled klein samples without
     "flux2_klein": {"true_cfg_scale": 4.0},
     "flux2_klein_distilled": {},
