@@ -71,7 +71,7 @@ GPU_SUITE = EvidenceRun(
 )
 
 
-# one H200: the bf16 rollout against its replay of the models added after that suite run
+# one H200: the bf16 rollout against its replay of the models added after that suite run (two calls, one section)
 NEW_MODELS_GPU = EvidenceRun(
     GPU_RUNS,
     "What ran (one H200, 2026-11-29): the new models' bf16 rollout against their replay",
@@ -218,6 +218,7 @@ MODELS: dict[str, Model] = {
             "replay": engine_replay("flux2"),
             "trainer": trainer_run("flux2"),
             "lora_diffusers": diffusers_lora("flux2"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "Flux2KleinTrainingAdapter": Model(
@@ -312,12 +313,14 @@ MODELS: dict[str, Model] = {
             # the run's summary loads the trained LoRA into diffusers' LTX2Pipeline and it changes the video
             "lora_diffusers": trainer_run("ltx2"),
             "video": rollout_engine("ltx2"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "HunyuanVideo15TrainingAdapter": Model(
         "HunyuanVideo-1.5 (text to video)",
         {
-            **{k: v for k, v in diffusers_family("hunyuan_video_1_5").items() if k != "gpu"},
+            **diffusers_family("hunyuan_video_1_5"),
+            "gpu": NEW_MODELS_GPU,
             # the run's summary loads the trained LoRA into diffusers' pipeline (its transformer's load_lora_adapter)
             # and it changes the video
             "lora_diffusers": trainer_run("hunyuan_video_1_5"),
@@ -335,6 +338,7 @@ MODELS: dict[str, Model] = {
             ),
             "source_images": source_image("hunyuan_video_1_5_i2v"),
             "video": rollout_engine("hunyuan_video_1_5_i2v"),
+            "gpu": NEW_MODELS_GPU,
         },
     ),
     "QwenImageEditTrainingAdapter": Model(

@@ -32,6 +32,8 @@ MODELS = {
     "wan2_2": {"true_cfg_scale": 5.0, "num_frames": 5},
     # image to video: the source image is the first frame; both experts sample (the I2V launcher's CFG 3.5)
     "wan2_2_i2v_a14b": {"true_cfg_scale": 3.5, "num_frames": 5},
+    # LTX-2: 9 frames (two latent frames of 2x2 cells) and their sound as one latent; the release's per-stream CFG
+    "ltx2": {"true_cfg_scale": 3.0, "num_frames": 9, "model_kwargs": {"audio_cfg_scale": 7.0}},
     # HunyuanVideo-1.5: 5 frames at 64² (1x1 patches), the released guider's CFG 6; image to video with the source image
     "hunyuan_video_1_5": {"true_cfg_scale": 6.0, "num_frames": 5},
     "hunyuan_video_1_5_i2v": {"true_cfg_scale": 6.0, "num_frames": 5},
