@@ -70,10 +70,14 @@ class DiffusersRolloutMixin:
         """:meth:`start_batch` and the batch's per-sample :meth:`conditioning`, the negative one too when the
         batch uses CFG."""
         requests, spec = self.start_batch(req)
+        return requests, spec, self.prompt_conditioning(requests, spec)
+
+    def prompt_conditioning(self, requests: list[RolloutRequest], spec: SamplingSpec) -> dict[str, torch.Tensor]:
+        """The requests' per-sample :meth:`conditioning`, the negative one too when ``spec`` uses CFG."""
         cond = self.conditioning(requests, negative=False)
         if spec.uses_cfg:
             cond |= self.conditioning(requests, negative=True)
-        return requests, spec, cond
+        return cond
 
     def start_schedule(
         self, recorder: RolloutRecorder, spec: SamplingSpec, image_seq_len: int, device: torch.device

@@ -157,9 +157,7 @@ class HunyuanVideo15I2VLogProbPipeline(HunyuanVideo15Rollout, EditRolloutMixin, 
     def denoise_edits(
         self, requests: list[RolloutRequest], sources: list[list], sizes: tuple, spec: SamplingSpec
     ) -> list[DiffusionOutput]:
-        cond = self.conditioning(requests, negative=False)
-        if spec.uses_cfg:
-            cond |= self.conditioning(requests, negative=True)
+        cond = self.prompt_conditioning(requests, spec)
         images = [images[0].convert("RGB") for images in sources]
         conditions = torch.cat([self._image_condition(image, spec) for image in images])
         embeds = torch.cat([self._get_image_embeds(image, self.device).float() for image in images])

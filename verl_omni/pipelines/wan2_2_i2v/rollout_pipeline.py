@@ -81,9 +81,7 @@ class Wan22I2VLogProbPipeline(EditRolloutMixin, Wan22I2VPipeline):
         self, requests: list[RolloutRequest], sources: list[list], sizes: tuple, spec: SamplingSpec
     ) -> list[DiffusionOutput]:
         # 1. Conditioning of each request (once for its samples): the prompt(s) and the source image's condition.
-        cond = self.conditioning(requests, negative=False)
-        if spec.uses_cfg:
-            cond |= self.conditioning(requests, negative=True)
+        cond = self.prompt_conditioning(requests, spec)
         conditions = torch.cat([self.image_condition(images[0], spec) for images in sources])
         cond["image_condition"] = self.per_sample(conditions, requests)
         # 2. Per-sample noise (vLLM-Omni's draw, one generator per sample).
