@@ -66,6 +66,18 @@ PROMPTS = {
 }
 # the editing models whose prompt embeddings read the source image too (Qwen2.5-VL); FLUX.1-Kontext's are text only
 IMAGE_IN_PROMPT = ("qwen_image_edit", "qwen_image_edit_plus")
+# the models whose tests below run on a subset (each a capability of the adapter; the first test checks the lists
+# against the adapters, so a model added with the capability is not left out of its test)
+SOURCE_IMAGE_MODELS = (
+    "flux_kontext",
+    "hunyuan_video_1_5_i2v",
+    "qwen_image_edit",
+    "qwen_image_edit_plus",
+    "wan2_2_i2v_a14b",
+)
+SPLIT_ROLLOUT_MODELS = ("flux2_klein", "flux2_klein_distilled", "wan2_2", "wan2_2_i2v_a14b")
+# the text encoder is vLLM-Omni's own Mistral (FLUX.2-dev)
+MISTRAL_TEXT_MODELS = ("flux2",)
 
 pytestmark = pytest.mark.slow
 
@@ -140,6 +152,8 @@ def test_images_finite_log_probs_and_the_adapters_conditioning(loop, model_engin
     assert extra["all_timesteps"].shape == (WINDOW,)
     uses_cfg = MODELS[model_name].get("true_cfg_scale", 1.0) > 1
     assert set(adapter.required_keys(uses_cfg)) <= set(extra)
+    assert bool(adapter.max_source_images) == (model_name in SOURCE_IMAGE_MODELS)
+    assert adapter.rollout_supports_sequence_parallel == (model_name in SPLIT_ROLLOUT_MODELS)
 
 
 def test_seeds_reproduce_and_other_seeds_differ(loop, model_engine, model_name, prompt_ids):
@@ -151,11 +165,10 @@ def test_seeds_reproduce_and_other_seeds_differ(loop, model_engine, model_name, 
     assert not torch.equal(a.diffusion_output, c.diffusion_output)
 
 
+@pytest.mark.parametrize("model_name", SOURCE_IMAGE_MODELS, indirect=True)
 def test_the_source_image_changes_the_edit(loop, model_engine, model_name, prompt_ids, adapter):
     """An editing model's output depends on its source image (same seed, another image: another edit), and a
     request without one is refused naming the request."""
-    if not adapter.max_source_images:
-        pytest.skip(f"{model_name} takes no source image")
     (a,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-a")
     (b,) = generate(loop, model_engine, model_name, prompt_ids, request_id="src-b", image=source_image(1))
     assert not torch.equal(a.diffusion_output, b.diffusion_output)
@@ -169,6 +182,7 @@ def test_the_source_image_changes_the_edit(loop, model_engine, model_name, promp
         loop.run(model_engine.engine_call(prompt_ids["cat"], params, "no-src", 1, negative))
 
 
+@pytest.mark.parametrize("model_name", MISTRAL_TEXT_MODELS, indirect=True)
 def test_mistral_prompt_embeds_are_diffusers_on_the_prompts_tokens(
     loop, model_engine, model_name, prompt_ids, tiny_path
 ):
@@ -176,8 +190,6 @@ def test_mistral_prompt_embeds_are_diffusers_on_the_prompts_tokens(
     recorded embeddings are diffusers' ``Flux2Pipeline.encode_prompt``'s (the RoPE base read from the config,
     ``vllm_omni_compat.mistral_encoder_rope_theta``). Its padding rows differ: vLLM-Omni numbers the padding's
     positions from the attention mask, transformers by index."""
-    if model_name != "flux2":
-        pytest.skip("FLUX.2-dev's text encoder only")
     from diffusers import Flux2Pipeline
     from diffusers.pipelines.flux2.pipeline_flux2 import format_input
 
@@ -323,18 +335,16 @@ def test_checkpoint_lora_directory_served_from_file_equals_the_synced_lora(
 @pytest.fixture(scope="module")
 def split_engine(tiny_path, adapter, loop):
     """The model's engine split over two workers (``ulysses_degree``), for a model whose rollout can split."""
-    if not adapter.rollout_supports_sequence_parallel:
-        pytest.skip(f"{adapter.__name__}'s rollout does not split its sequence")
     rollout = start_engine(loop, tiny_path, "float32", (H, W), ulysses_degree=SPLIT_DEGREE)
     yield rollout
     rollout.shutdown()
 
 
+@pytest.mark.parametrize("model_name", SPLIT_ROLLOUT_MODELS, indirect=True)
 def test_a_split_replica_samples_what_the_unsplit_one_does_before_and_after_a_lora_push(
     loop, split_engine, model_engine, model_name, prompt_ids, adapter, lora_module
 ):
-    """Sequence parallelism in the rollout changes no sample (``sequence_parallel_helpers``). ``split_engine``
-    comes first: it skips a model whose rollout cannot split before that model's unsplit engine starts."""
+    """Sequence parallelism in the rollout changes no sample (``sequence_parallel_helpers``)."""
     from peft.utils import get_peft_model_state_dict
 
     lora = adapter.rollout_lora(get_peft_model_state_dict(lora_module), lora_module.peft_config["default"].to_dict())
