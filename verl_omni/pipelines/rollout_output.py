@@ -43,7 +43,11 @@ if TYPE_CHECKING:
     from vllm_omni.diffusion.data import DiffusionOutput
 
 TRAJECTORY_KEY = "trajectory"
+# a model with sound: the name of its waveforms and of their rate (Hz), the same from the pipeline's payload (vLLM-Omni
+# carries them to the request output's ``multimodal_output``) to the rollout batch (the reward's default
+# ``reward.diffusion.audio_key``, whose rate key is ``<audio_key>_sample_rate``)
 AUDIO_KEY = "audio"
+AUDIO_RATE_KEY = f"{AUDIO_KEY}_sample_rate"
 
 
 def image_pixels(images: torch.Tensor) -> torch.Tensor:

@@ -186,7 +186,7 @@ def test_the_reward_manager_hands_clap_a_rollouts_stereo_sound_as_its_mono_mix(t
     from omegaconf import OmegaConf
     from verl import DataProto
 
-    from verl_omni.agent_loop.agent_loop import AUDIO_KEY, AUDIO_RATE_KEY
+    from verl_omni.pipelines.rollout_output import AUDIO_KEY, AUDIO_RATE_KEY
     from verl_omni.reward_loop import DiffusionRewardManager
     from verl_omni.utils.reward_score.clap import resample
 

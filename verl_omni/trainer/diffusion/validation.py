@@ -12,7 +12,7 @@ import logging
 import numpy as np
 import torch
 
-from verl_omni.agent_loop.agent_loop import AUDIO_KEY, AUDIO_RATE_KEY
+from verl_omni.pipelines.rollout_output import AUDIO_KEY, AUDIO_RATE_KEY
 from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, GuardStop
 from verl_omni.trainer.diffusion.run_dir import complete_steps
 from verl_omni.trainer.diffusion.tracking import log_image_grid, log_videos

@@ -16,7 +16,7 @@ import torch
 
 from verl_omni.pipelines.model_base import get_model_adapter
 from verl_omni.pipelines.recorder import CLEAN_LATENTS_KEY, RECORDED_KEYS
-from verl_omni.pipelines.rollout_output import AUDIO_KEY, all_finite
+from verl_omni.pipelines.rollout_output import AUDIO_KEY, AUDIO_RATE_KEY, all_finite
 from verl_omni.pipelines.sampling import EXTRA_ARGS_KEY, SamplingSpec
 from verl_omni.platforms.cpu_patches import engine_start_config
 from verl_omni.utils.vllm_omni_compat import checkpoint_model_class
@@ -182,7 +182,7 @@ def _request_audio(output, num_outputs_per_prompt: int) -> tuple[torch.Tensor | 
     audio = mm.get(AUDIO_KEY)
     if audio is None:
         return None, None
-    rate = mm.get("audio_sample_rate")
+    rate = mm.get(AUDIO_RATE_KEY)
     if not isinstance(audio, torch.Tensor) or audio.dim() != 3 or audio.shape[0] != num_outputs_per_prompt or not rate:
         shape = tuple(audio.shape) if isinstance(audio, torch.Tensor) else type(audio).__name__
         raise RuntimeError(
