@@ -90,6 +90,40 @@ def test_ratio_clip_on_both_sides_stops_the_gradient_and_counts_clipfrac():
     assert m["ratio_max_abs_dev"] == pytest.approx((ratio - 1).abs().max().item())
 
 
+def test_truncated_is_gradient_is_advantage_times_capped_weight_times_grad_log_prob():
+    # weights 0.5, 1, 3 (capped at C=2), 1.5: the gradient of each log π_θ is −A·min(w, C)/B, no clip
+    old = torch.zeros(4)
+    lp = torch.log(torch.tensor([0.5, 1.0, 3.0, 1.5])).requires_grad_(True)
+    adv = torch.tensor([1.0, -2.0, 0.5, 1.0])
+    loss, m = _loss(lp, old, adv, is_threshold=2.0)
+    loss.backward()
+    weight = torch.tensor([0.5, 1.0, 2.0, 1.5])
+    torch.testing.assert_close(lp.grad, -adv * weight / 4)
+    assert m["pg_loss"] == pytest.approx((-adv * weight).mean().item())
+    assert m["is_truncated_frac"] == pytest.approx(0.25) and "pg_clipfrac" not in m
+
+
+def test_a_bf16_sized_rollout_gap_clips_the_ratio_but_not_the_truncated_weight():
+    # the rollout's log-probs stand in for π_old, off from the actor's by 4e-4 either way (bf16 numerics) with
+    # clip_ratio 1e-4: the clipped ratio drops every sample whose gap points the way its advantage pushes, before any
+    # optimizer step; the truncated weight keeps each sample's full gradient
+    gap = torch.tensor([4e-4, -4e-4, 4e-4, -4e-4])
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    grads = {}
+    for name, kw in (("clip", {}), ("tis", {"is_threshold": 2.0})):
+        lp = torch.zeros(4, requires_grad=True)
+        loss, _ = _loss(lp, -gap, adv, clip_ratio=1e-4, **kw)
+        loss.backward()
+        grads[name] = lp.grad
+    assert grads["clip"][0] == 0 and grads["clip"][1] == 0
+    torch.testing.assert_close(grads["tis"], -adv * torch.exp(gap) / 4)
+
+
+def test_truncated_is_threshold_below_one_is_refused():
+    with pytest.raises(ValueError, match="is_threshold"):
+        _loss(torch.zeros(2), torch.zeros(2), torch.ones(2), is_threshold=0.5)
+
+
 def test_kl_term_matches_formula_and_is_weighted_by_beta():
     mu = torch.randn(2, 3, 4)
     mu_ref = torch.randn(2, 3, 4)

@@ -29,6 +29,8 @@ STEPS = 3
 ASYNC_ARGS = (
     "trainer.trainer_mode=separate_async",
     "actor_rollout_ref.actor.use_rollout_log_probs=true",
+    # stale samples: the loss weighs each by its truncated importance weight against the sampling policy (no clip)
+    "actor_rollout_ref.actor.rollout_correction.loss_type=reinforce",
     f"trainer.total_training_steps={STEPS}",
     "trainer.save_freq=2",
     f"trainer.test_freq={STEPS}",
@@ -91,6 +93,9 @@ def check_versions_and_replay(records) -> dict:
     for step in (2, 3):
         assert metrics[step]["actor/logprob_diff_max"] > 10 * LOGPROB_BOUND, metrics[step]["actor/logprob_diff_max"]
     assert metrics[1]["actor/logprob_diff_max"] <= LOGPROB_BOUND, "step 1 is on-policy"
+    # the loss the Hydra key chose ran in the actor: truncated weights, no ratio clip
+    for step in metrics.values():
+        assert 0 <= step["actor/is_truncated_frac"] <= 1 and "actor/pg_clipfrac" not in step
     return metrics
 
 

@@ -89,6 +89,30 @@ BAD_CONFIGS = [
     (["trainer.trainer_mode=separate_async", "trainer.colocate_rollout=true"], "trainer.colocate_rollout=false"),
     (["trainer.trainer_mode=separate_async"], "use_rollout_log_probs=true"),
     (["actor_rollout_ref.actor.rollout_log_prob_check_freq=-1"], "actor.rollout_log_prob_check_freq"),
+    (["actor_rollout_ref.actor.rollout_correction.loss_type=reinforce"], "set actor.use_rollout_log_probs=true"),
+    (
+        [
+            "actor_rollout_ref.actor.use_rollout_log_probs=true",
+            "actor_rollout_ref.actor.rollout_correction.loss_type=tis",
+        ],
+        "actor.rollout_correction.loss_type must be one of",
+    ),
+    (
+        [
+            "actor_rollout_ref.actor.use_rollout_log_probs=true",
+            "actor_rollout_ref.actor.rollout_correction.loss_type=reinforce",
+            "actor_rollout_ref.actor.rollout_correction.rollout_is_threshold=0.5",
+        ],
+        "actor.rollout_correction.rollout_is_threshold must be >= 1",
+    ),
+    (
+        [
+            "algorithm=diffusion_nft",
+            "actor_rollout_ref.actor.use_rollout_log_probs=true",
+            "actor_rollout_ref.actor.rollout_correction.loss_type=reinforce",
+        ],
+        "algorithm=diffusion_nft's loss reads no log-probs",
+    ),
     (["actor_rollout_ref.actor.infer_micro_batch_size_per_gpu=-4"], "actor.infer_micro_batch_size_per_gpu"),
     (["actor_rollout_ref.actor.ema_decay=0.9"], r"actor.ema_decay=0.9 .*model.lora.rank=\d+ trains a LoRA"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.actor.ema_decay=1.0"], "actor.ema_decay must be 0"),
@@ -129,7 +153,9 @@ def test_bad_config_fails_before_ray_starts_naming_the_key(compose, overrides, k
     assert not ray.is_initialized()
 
 
-def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(compose, tiny_bagel_path):
+def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs_unless_truncated(
+    compose, tiny_bagel_path
+):
     import ray
 
     from verl_omni.trainer.config.validation import validate_config
@@ -142,9 +168,15 @@ def test_bagel_takes_its_sampling_keys_and_refuses_the_bf16_rollout_log_probs(co
     configs = validate_config(compose(*bagel, model=tiny_bagel_path))
     assert configs.rollout.model_kwargs == {"timestep_shift": 2.0, "cfg_interval": [0.5, 1.0]}
     assert configs.model.tokenizer("a cat").input_ids
+    bypass = "actor_rollout_ref.actor.use_rollout_log_probs=true"
     with pytest.raises(ValueError, match="actor_rollout_ref.actor.use_rollout_log_probs"):
-        run_flowgrpo(compose("actor_rollout_ref.actor.use_rollout_log_probs=true", model=tiny_bagel_path))
+        run_flowgrpo(compose(bypass, model=tiny_bagel_path))
     assert not ray.is_initialized()
+    # a truncated importance weight tolerates the bf16 gap that the clipped ratio cannot
+    truncated = validate_config(
+        compose(*bagel, bypass, "actor_rollout_ref.actor.rollout_correction.loss_type=reinforce", model=tiny_bagel_path)
+    )
+    assert truncated.actor.rollout_is_truncated and truncated.actor.rollout_correction.rollout_is_threshold == 2.0
 
 
 ROLLOUT_SPLIT = "actor_rollout_ref.rollout.ulysses_sequence_parallel_size"

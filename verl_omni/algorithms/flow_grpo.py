@@ -49,13 +49,15 @@ class FlowGRPOLoss(AlgorithmLoss):
 
     Reads log π_old ``[b, W]`` under ``actor.old_log_prob_key`` (``old_log_probs``, or the rollout's
     ``rollout_log_probs`` in bypass), ``advantages`` ``[b]`` and, when ``actor.kl_beta > 0``,
-    ``ref_prev_sample_mean`` ``[b, W, N, C]``.
+    ``ref_prev_sample_mean`` ``[b, W, N, C]``. In bypass with ``actor.rollout_correction.loss_type=reinforce`` the
+    policy term is the truncated-importance-weight policy gradient instead of the clipped ratio.
     """
 
     metric_reductions = {
         "pg_loss": "mean",
         "kl_loss": "mean",
         "pg_clipfrac": "mean",
+        "is_truncated_frac": "mean",
         "ppo_kl": "mean",
         "ratio_mean": "mean",
         "ratio_max_abs_dev": "max",
@@ -83,6 +85,7 @@ class FlowGRPOLoss(AlgorithmLoss):
             prev_sample_mean=replayed.prev_sample_mean,
             ref_prev_sample_mean=ref,
             std_dev_t=replayed.std_dev_t,
+            is_threshold=actor.rollout_correction.rollout_is_threshold if actor.rollout_is_truncated else None,
         )
         metrics["logprob_diff_max"] = (replayed.log_prob.detach() - old).abs().max().item()
         return loss, metrics

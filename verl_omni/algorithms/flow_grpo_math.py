@@ -107,11 +107,17 @@ def compute_flow_grpo_policy_loss(
     prev_sample_mean: torch.Tensor | None = None,
     ref_prev_sample_mean: torch.Tensor | None = None,
     std_dev_t: torch.Tensor | None = None,
+    is_threshold: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clipped Flow-GRPO loss for one replayed step, plus β·KL to the reference (docs/design.md, "Advantage and loss
     (Flow-GRPO)").
 
     L = mean[max(−A·ρ, −A·clip(ρ, 1−ε, 1+ε))] + β·mean[mean((μ_θ − μ_ref)²) / (2s²)], ρ = exp(log π_θ − log π_old).
+
+    With ``is_threshold`` = C (log π_old is the rollout's, ``actor.rollout_correction.loss_type=reinforce``) the
+    policy term is instead the policy gradient with a truncated importance weight, no clip (verl's bypass-mode
+    REINFORCE): mean[−A·w·ρ'] with w = min(sg(ρ), C) and ρ' = exp(log π_θ − sg(log π_θ)), whose value is mean[−A·w] and
+    whose gradient is mean[−A·w·∇log π_θ].
 
     Args:
         log_prob (`torch.Tensor`, ``[B]``): log π_θ of the recorded transition (with grad).
@@ -120,10 +126,12 @@ def compute_flow_grpo_policy_loss(
         clip_ratio: ε of the ratio clip (Flow-GRPO uses 1e-4 with ``sde``).
         kl_beta: β; when > 0, ``prev_sample_mean`` (μ_θ), ``ref_prev_sample_mean`` (μ_ref, LoRA
             disabled) and ``std_dev_t`` (s, ``[B, ...]``) are required.
+        is_threshold: C >= 1 of the truncated importance weight; None (default): the clipped ratio.
 
     Returns:
-        ``(loss, metrics)``: scalar loss and verl-named metrics ``pg_loss``, ``pg_clipfrac``,
-        ``ppo_kl`` (mean of log π_old − log π_θ), ``ratio_mean``, ``ratio_max_abs_dev``, ``kl_loss``.
+        ``(loss, metrics)``: scalar loss and verl-named metrics ``pg_loss``, ``pg_clipfrac`` (the clipped ratio) or
+        ``is_truncated_frac`` (the share of weights capped at C), ``ppo_kl`` (mean of log π_old − log π_θ),
+        ``ratio_mean``, ``ratio_max_abs_dev``, ``kl_loss``.
     """
     batch = log_prob.shape[0]
     if log_prob.ndim != 1:
@@ -137,12 +145,18 @@ def compute_flow_grpo_policy_loss(
         raise ValueError(f"clip_ratio must be > 0, got {clip_ratio}")
     if kl_beta < 0:
         raise ValueError(f"kl_beta must be >= 0, got {kl_beta}")
+    if is_threshold is not None and not is_threshold >= 1:
+        raise ValueError(f"is_threshold must be >= 1 (a weight of 1 is on-policy), got {is_threshold}")
 
     ratio = torch.exp(log_prob - old_log_prob.detach())
     adv = advantages.detach().to(ratio.dtype)
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
-    pg_loss = torch.maximum(unclipped, clipped).mean()
+    if is_threshold is None:
+        unclipped = -adv * ratio
+        clipped = -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+        pg_loss = torch.maximum(unclipped, clipped).mean()
+    else:
+        weight = ratio.detach().clamp(max=is_threshold)
+        pg_loss = (-adv * weight * torch.exp(log_prob - log_prob.detach())).mean()
 
     kl_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
     if kl_beta > 0:
@@ -167,9 +181,12 @@ def compute_flow_grpo_policy_loss(
         metrics = {
             "pg_loss": pg_loss.item(),
             "kl_loss": kl_loss.item(),
-            "pg_clipfrac": (clipped > unclipped).float().mean().item(),
             "ppo_kl": (old_log_prob - log_prob).mean().item(),
             "ratio_mean": ratio.mean().item(),
             "ratio_max_abs_dev": (ratio - 1).abs().max().item(),
         }
+        if is_threshold is None:
+            metrics["pg_clipfrac"] = (clipped > unclipped).float().mean().item()
+        else:
+            metrics["is_truncated_frac"] = (ratio > is_threshold).float().mean().item()
     return loss, metrics

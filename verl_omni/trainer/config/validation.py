@@ -165,12 +165,23 @@ def _check_model(configs: RunConfigs) -> None:
             f"actor_rollout_ref.rollout.noise_level must be > 0 for algorithm={configs.algorithm.name} (its rollout "
             "records an SDE window); 0 samples the ODE"
         )
-    if configs.actor.use_rollout_log_probs and adapter.rollout_dtype not in (None, "float32"):
+    actor = configs.actor
+    if actor.rollout_is_truncated and not configs.algorithm_cls.uses_log_probs:
+        raise ValueError(
+            f"actor_rollout_ref.actor.rollout_correction.loss_type=reinforce weighs a ratio to the rollout's "
+            f"log-probs, and algorithm={configs.algorithm.name}'s loss reads no log-probs: leave loss_type=ppo_clip"
+        )
+    if (
+        actor.use_rollout_log_probs
+        and not actor.rollout_is_truncated
+        and adapter.rollout_dtype not in (None, "float32")
+    ):
         raise ValueError(
             f"actor_rollout_ref.actor.use_rollout_log_probs=true with {adapter.__name__}: its rollout computes in "
             f"{adapter.rollout_dtype} on every device, so its log-probs differ from the actor's by more than the "
             "clip range allows (docs/guide/models.md); set actor_rollout_ref.actor.use_rollout_log_probs=false so the "
-            "actor recomputes log pi_old"
+            "actor recomputes log pi_old, or actor_rollout_ref.actor.rollout_correction.loss_type=reinforce (a "
+            "truncated importance weight, which tolerates the gap)"
         )
 
 

@@ -301,15 +301,21 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
             # the actor replays what the rollout sampled: they agree to numerics (docs/guide/training.md)
             diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
             metrics["old_log_prob/rollout_diff_max"] = diff
-            clip = self.configs.actor.clip_ratio
-            if self.configs.actor.use_rollout_log_probs and diff > clip:
+            actor = self.configs.actor
+            if actor.use_rollout_log_probs and diff > actor.rollout_gap_limit:
+                limit = (
+                    "log actor.rollout_correction.rollout_is_threshold"
+                    if actor.rollout_is_truncated
+                    else "actor.clip_ratio"
+                )
                 logger.warning(
-                    "step %d: the actor's log-probs are %.3g from the rollout's, more than actor.clip_ratio (%g): "
-                    "the ratio divides by the rollout's (actor.use_rollout_log_probs=true) and is off by as much as "
-                    "it may move; check the rollout's weights and dtype, or set actor.use_rollout_log_probs=false",
+                    "step %d: the actor's log-probs are %.3g from the rollout's, more than %s (%g): the loss divides "
+                    "by the rollout's (actor.use_rollout_log_probs=true), so numerics alone move its ratio that far; "
+                    "check the rollout's weights and dtype, or set actor.use_rollout_log_probs=false",
                     self.global_steps,
                     diff,
-                    clip,
+                    limit,
+                    actor.rollout_gap_limit,
                 )
         return batch
 

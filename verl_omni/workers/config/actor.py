@@ -13,6 +13,45 @@ from verl.base_config import BaseConfig
 from verl.trainer.config import CheckpointConfig
 from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig
 
+# how the loss uses the rollout's log-probs as log π_old (verl's bypass-mode loss types, same names)
+ROLLOUT_CORRECTION_LOSSES = ("ppo_clip", "reinforce")
+
+
+@dataclass
+class RolloutCorrectionConfig(BaseConfig):
+    """How the loss treats the rollout's log-probs when they serve as log π_old (``actor.use_rollout_log_probs``):
+    verl's rollout correction in bypass mode, with its key names.
+
+    The rollout and the actor compute the same policy with different kernels; in bf16 their per-step log-probs differ
+    by a few 1e-4, more than Flow-GRPO's clip range 1e-4. Divided by the rollout's log-probs, a clipped ratio then
+    starts outside the clip range for many samples, and those contribute no gradient even before the first optimizer
+    step. A truncated importance weight tolerates that gap: it is ≈ 1 for numerics and only caps real drift.
+
+    Args:
+        loss_type (str): ``ppo_clip`` (default): the algorithm's clipped ratio π_θ / π_rollout (the gap must stay
+            under ``actor.clip_ratio``); ``reinforce``: the policy gradient −A·w·∇log π_θ with the truncated
+            importance weight w = min(π_θ / π_rollout, ``rollout_is_threshold``), no clip (``docs/guide/training.md``).
+        rollout_is_threshold (float): the cap C of the importance weight with ``reinforce`` (verl's default 2.0);
+            >= 1, so a weight of 1 (on-policy) is never truncated.
+    """
+
+    loss_type: str = "ppo_clip"
+    rollout_is_threshold: float = 2.0
+
+    def __post_init__(self):
+        if self.loss_type not in ROLLOUT_CORRECTION_LOSSES:
+            raise ValueError(
+                f"actor.rollout_correction.loss_type must be one of {ROLLOUT_CORRECTION_LOSSES}, got {self.loss_type!r}"
+            )
+        threshold = self.rollout_is_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not math.isfinite(threshold):
+            raise ValueError(f"actor.rollout_correction.rollout_is_threshold must be a number >= 1, got {threshold!r}")
+        if threshold < 1:
+            raise ValueError(
+                f"actor.rollout_correction.rollout_is_threshold must be >= 1 (a weight of 1 is on-policy and must "
+                f"pass untruncated), got {threshold}"
+            )
+
 
 @dataclass
 class DiffusionActorConfig(BaseConfig):
@@ -44,6 +83,8 @@ class DiffusionActorConfig(BaseConfig):
             gap as ``old_log_prob/rollout_diff_max``: the bypass assumes that gap is numerics, and a rollout that
             drifts from the actor (stale weights, a dtype or kernel change) shows here instead of as a silently
             wrong ratio. 0 never checks.
+        rollout_correction (RolloutCorrectionConfig): with ``use_rollout_log_probs``, how the loss uses the rollout's
+            log-probs (the clipped ratio, or a truncated importance weight that tolerates a bf16 rollout's gap).
         ema_decay (float): full fine-tuning only: d of an exponential moving average of the trained transformer,
             ``ema ← d·ema + (1 − d)·θ`` after every optimizer step, kept as an fp32 copy of each rank's local shards
             on the host (4 bytes per local parameter). Validation samples with it and checkpoints export it as
@@ -74,6 +115,7 @@ class DiffusionActorConfig(BaseConfig):
     seed: int = 0
     use_rollout_log_probs: bool = False
     rollout_log_prob_check_freq: int = 0
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     ema_decay: float = 0.0
     ulysses_sequence_parallel_size: int = 1
     engine: FSDPEngineConfig = field(default_factory=lambda: FSDPEngineConfig(strategy="fsdp2"))
@@ -97,6 +139,12 @@ class DiffusionActorConfig(BaseConfig):
         freq = self.rollout_log_prob_check_freq
         if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
             raise ValueError(f"actor.rollout_log_prob_check_freq must be an integer >= 0 (0: never), got {freq!r}")
+        if self.rollout_correction.loss_type != "ppo_clip" and not self.use_rollout_log_probs:
+            raise ValueError(
+                f"actor.rollout_correction.loss_type={self.rollout_correction.loss_type} corrects for the rollout's "
+                "log-probs standing in for log pi_old: set actor.use_rollout_log_probs=true, or leave loss_type=ppo_clip "
+                "(the actor then recomputes log pi_old and there is nothing to correct)"
+            )
         if not isinstance(self.ema_decay, int | float) or not (self.ema_decay == 0 or 0 < self.ema_decay < 1):
             raise ValueError(
                 f"actor.ema_decay must be 0 (no EMA of the weights) or in (0, 1), e.g. 0.9; got {self.ema_decay!r}"
@@ -150,6 +198,17 @@ class DiffusionActorConfig(BaseConfig):
         """The batch key the loss reads log π_old from: the rollout's own ``rollout_log_probs`` (bypass) or the
         actor's recomputed ``old_log_probs`` (a different tensor, hence a different name)."""
         return "rollout_log_probs" if self.use_rollout_log_probs else "old_log_probs"
+
+    @property
+    def rollout_is_truncated(self) -> bool:
+        """The loss weighs each sample by a truncated importance weight against the rollout (no ratio clip)."""
+        return self.use_rollout_log_probs and self.rollout_correction.loss_type == "reinforce"
+
+    @property
+    def rollout_gap_limit(self) -> float:
+        """The largest |log π_actor − log π_rollout| the bypass loss takes as numerics: the clip range of the clipped
+        ratio, or log C of the truncated weight (beyond it a weight is capped by the gap alone)."""
+        return math.log(self.rollout_correction.rollout_is_threshold) if self.rollout_is_truncated else self.clip_ratio
 
     def validate(self, dp_size: int) -> None:
         """Checks that need the data-parallel size: each rank's share of a mini-batch is whole micro-batches."""
