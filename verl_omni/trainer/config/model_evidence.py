@@ -218,6 +218,7 @@ MODELS: dict[str, Model] = {
             "replay": engine_replay("flux2"),
             "trainer": trainer_run("flux2"),
             "lora_diffusers": diffusers_lora("flux2"),
+            "lora_stock": stock_serving("flux2"),
             "gpu": NEW_MODELS_GPU,
         },
     ),
@@ -252,6 +253,7 @@ MODELS: dict[str, Model] = {
             **diffusers_family("wan2_2"),
             # the run's summary loads the trained LoRA into diffusers' WanPipeline and it changes the video
             "lora_diffusers": trainer_run("wan2_2"),
+            "lora_stock": stock_serving("wan2_2"),
             "sequence_parallel": split_replay("wan2_2"),
             "video": rollout_engine("wan2_2"),
         },
@@ -291,6 +293,7 @@ MODELS: dict[str, Model] = {
                 "tests/pipelines/wan2_2_i2v/test_wan2_2_i2v_adapter.py",
                 "test_saved_lora_loads_into_both_experts_of_diffusers_pipeline_and_changes_the_video",
             ),
+            "lora_stock": stock_serving("wan2_2_i2v_a14b"),
             "full_ft": EvidenceTest(
                 "tests/trainer/test_preflight.py",
                 "test_full_fine_tuning_of_the_two_expert_wan_is_refused_before_ray",
@@ -312,6 +315,7 @@ MODELS: dict[str, Model] = {
             "trainer": trainer_run("ltx2"),
             # the run's summary loads the trained LoRA into diffusers' LTX2Pipeline and it changes the video
             "lora_diffusers": trainer_run("ltx2"),
+            "lora_stock": stock_serving("ltx2"),
             "video": rollout_engine("ltx2"),
             "gpu": NEW_MODELS_GPU,
         },
@@ -324,6 +328,7 @@ MODELS: dict[str, Model] = {
             # the run's summary loads the trained LoRA into diffusers' pipeline (its transformer's load_lora_adapter)
             # and it changes the video
             "lora_diffusers": trainer_run("hunyuan_video_1_5"),
+            "lora_stock": stock_serving("hunyuan_video_1_5"),
             "video": rollout_engine("hunyuan_video_1_5"),
         },
     ),
@@ -336,6 +341,7 @@ MODELS: dict[str, Model] = {
                 "tests/pipelines/hunyuan_video_1_5/test_hunyuan_video_1_5_adapter.py",
                 "test_i2v_lora_saved_by_the_checkpoint_loads_as_the_summary_prints_and_changes_the_video",
             ),
+            "lora_stock": stock_serving("hunyuan_video_1_5_i2v"),
             "source_images": source_image("hunyuan_video_1_5_i2v"),
             "video": rollout_engine("hunyuan_video_1_5_i2v"),
             "gpu": NEW_MODELS_GPU,
@@ -346,6 +352,7 @@ MODELS: dict[str, Model] = {
         {
             **diffusers_family("qwen_image_edit"),
             "lora_diffusers": diffusers_lora("qwen_image_edit"),
+            "lora_stock": stock_serving("qwen_image_edit"),
             "source_images": source_image("qwen_image_edit"),
         },
     ),
