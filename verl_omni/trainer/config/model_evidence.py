@@ -352,7 +352,6 @@ MODELS: dict[str, Model] = {
         {
             **diffusers_family("qwen_image_edit"),
             "lora_diffusers": diffusers_lora("qwen_image_edit"),
-            "lora_stock": stock_serving("qwen_image_edit"),
             "source_images": source_image("qwen_image_edit"),
         },
     ),

@@ -39,7 +39,6 @@ MODELS = {
     "ltx2": {"guidance_scale": 3.0, "num_frames": 9},
     "hunyuan_video_1_5": {"guidance_scale": 6.0, "num_frames": 5},
     "hunyuan_video_1_5_i2v": {"guidance_scale": 6.0, "num_frames": 5},
-    "qwen_image_edit": {"true_cfg_scale": 4.0},
 }
 
 
