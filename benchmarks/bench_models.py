@@ -345,7 +345,11 @@ def build_replay_model(
         module.enable_gradient_checkpointing()
     module.requires_grad_(False)
     rank, alpha = model.lora
-    module.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(adapter.lora_target_modules)))
+    # the engine's LoRA: the adapter's targets less its exclusions (HunyuanVideo-1.5's token refiner)
+    targets = list(adapter.lora_target_modules)
+    module.add_adapter(
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, exclude_modules=adapter.lora_exclude_modules)
+    )
     for param in module.parameters():
         if param.requires_grad:
             param.data = param.data.float()
