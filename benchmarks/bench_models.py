@@ -43,6 +43,9 @@ class BenchModel:
     rollout: bool = True  # False: no rollout part (the A14B: two 28 GB experts in the engine are not benchmarked)
     # False: the stock engine does not start on this vLLM-Omni (the reason at the model's entry); ours is timed alone
     stock_starts: bool = True
+    # False: the stock pipeline makes one sample a request whatever ``num_outputs_per_prompt`` says (the reason at the
+    # model's entry); it is then sent N requests in a row, timed together
+    stock_batches_outputs: bool = True
     # the replay's experts (A14B): one row per expert and micro-batch, each at a recorded step that expert sampled
     experts: tuple[str, ...] = ()
     # negative prompt text sent with CFG (None: none sent, the pipelines' empty negative prompt)
@@ -114,6 +117,10 @@ class BenchModel:
             prompt["multi_modal_data"] = {"image": source_image()}
         return prompt
 
+    def stock_requests(self, args) -> int:
+        """Requests of the stock engine for N samples: one, or N of one sample each."""
+        return 1 if self.stock_batches_outputs else args.n
+
     def stock_params(self, args, seed: int):
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
@@ -122,7 +129,7 @@ class BenchModel:
             height=args.height,
             width=args.width,
             num_inference_steps=args.steps,
-            num_outputs_per_prompt=args.n,
+            num_outputs_per_prompt=args.n // self.stock_requests(args),
             seed=seed,
             **fields,
             **self.stock_fields(args),
@@ -223,7 +230,8 @@ MODELS = {
     # the HunyuanVideo-1.5 480p text-to-video launcher (examples/flowgrpo_trainer/run_hunyuan_video_1_5_ocr_lora.sh):
     # 480×848, CFG 6 with the empty negative prompt, LoRA rank 64 / alpha 128, micro-batch 1; here 33 frames (the
     # launcher's 121: --frames 121, ~3.4x the video tokens), 8 steps (the launcher 50) and 2 samples a request (the
-    # launcher 8), so that one run stays a few minutes on one GPU
+    # launcher 8), so that one run stays a few minutes on one GPU. vLLM-Omni 0.26's HunyuanVideo-1.5 pipeline makes one
+    # video a request (it reads no num_outputs_per_prompt): stock is sent N one-video requests in a row
     "hunyuan_video_1_5": BenchModel(
         name="hunyuan_video_1_5",
         builder="hunyuan_video_1_5",
@@ -233,6 +241,7 @@ MODELS = {
         tiny={"height": 32, "width": 32, "frames": 5, "steps": 2, "n": 2, "micro_batches": [1, 2]},
         lora=(64, 128),
         stock_fields=lambda args: {"guidance_scale": 6.0, "guidance_scale_provided": True},
+        stock_batches_outputs=False,
     ),
     # the LTX-2 launcher (examples/flowgrpo_trainer/run_ltx2_ocr_lora.sh): 512×768, 49 frames with their audio, video
     # CFG 3 and audio CFG 7 (the empty negative prompt here), LoRA rank 64 / alpha 128, micro-batch 1 (10 steps here,
@@ -243,7 +252,7 @@ MODELS = {
         builder="ltx2",
         adapter="verl_omni.pipelines.ltx2.training_adapter:LTX2TrainingAdapter",
         cfg=3.0,
-        full={"height": 512, "width": 768, "frames": 49, "steps": 10, "n": 4, "micro_batches": [1, 2]},
+        full={"height": 512, "width": 768, "frames": 49, "steps": 10, "n": 4, "micro_batches": [1]},
         tiny={"height": 32, "width": 32, "frames": 9, "steps": 2, "n": 2, "micro_batches": [1, 2]},
         lora=(64, 128),
         stock_fields=lambda args: {

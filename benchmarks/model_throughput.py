@@ -215,7 +215,7 @@ async def profile_ours(args, engine, one) -> dict:
 
 async def time_stock(args, model_path: Path, pipeline: str | None, degree: int = 1) -> float:
     """Seconds per request of vLLM-Omni's pipeline with ``num_outputs_per_prompt=N`` (the same prompt, CFG and
-    source image as ours)."""
+    source image as ours; a pipeline that makes one sample a request: N requests in a row)."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
     from verl_omni.workers.rollout.vllm_omni.engine import DEFAULT_BATCH_WAIT_MS
@@ -243,9 +243,10 @@ async def time_stock(args, model_path: Path, pipeline: str | None, degree: int =
     prompt = model.stock_prompt()
 
     async def one(_cfg, r):
-        params = model.stock_params(args, r)
-        async for _ in engine.generate(prompt=prompt, request_id=f"stock-{r}", sampling_params_list=[params]):
-            pass
+        for i in range(model.stock_requests(args)):
+            params = model.stock_params(args, 1000 * r + i)
+            async for _ in engine.generate(prompt=prompt, request_id=f"stock-{r}-{i}", sampling_params_list=[params]):
+                pass
 
     try:
         seconds = (await time_rounds({"stock": one}, args.cfg, args.repeats))["stock", model.cfg]
@@ -383,7 +384,8 @@ def replay_part(args, model_path: Path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # force: an import (vLLM's) configured the root logger first, which hid these progress lines
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     # the engines import the random-weight pipelines by name in their own processes
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     model = MODELS[args.model]

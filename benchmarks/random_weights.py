@@ -251,12 +251,25 @@ def fill_random_(module: torch.nn.Module, seed: int = 0) -> None:
 
 class RandomWeightsMixin:
     """``load_weights`` that fills the transformer in place and reports every parameter loaded, at the engine's
-    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given."""
+    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given. Components the
+    engine streams through ``load_weights`` besides the transformers (FLUX.2-dev's Mistral encoder, HunyuanVideo-1.5's
+    ByT5 glyph encoder: the tiny ones on disk) still load from their files, else they would keep uninitialized
+    memory; the transformers' sources are dropped, their folders hold a config and no weight file."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        sources = getattr(self, "weights_sources", [])
+        others = [s for s in sources if not (s.subfolder or "").startswith("transformer")]
+        self._streams_others = bool(others)
+        if others:
+            self.weights_sources = others
 
     def load_weights(self, weights) -> set[str]:
         if getattr(self, "_random_filled", False):
             return super().load_weights(weights)
         self._random_filled = True
+        if self._streams_others:
+            super().load_weights(weights)
         # the model's own loader, given no weights, still sets what it exposes on the way (Qwen-Image's
         # ``stacked_params_mapping``, from which vLLM-Omni's LoRA manager learns the fused q/k/v layers)
         own_loader = getattr(self.transformer, "load_weights", None)
