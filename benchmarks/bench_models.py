@@ -1,11 +1,11 @@
-"""The models ``model_throughput.py`` benchmarks: what differs between SD3.5, FLUX.2-klein, Wan2.2 (TI2V-5B, T2V-A14B,
-I2V-A14B) and Qwen-Image-Edit.
+"""The models ``model_throughput.py`` benchmarks: what differs between SD3.5, FLUX.2 (dev, klein), Wan2.2 (TI2V-5B,
+T2V-A14B, I2V-A14B), HunyuanVideo-1.5, LTX-2 and Qwen-Image-Edit.
 
 One :class:`BenchModel` per model: its tiny builder and full-size random-weight directory, the two engines'
 pipelines (ours and vLLM-Omni's stock one, both on random weights at full size), the sampling of the
-model's recipe, how the stock engine is asked for the same samples, and (SD3.5, Wan2.2) the actor's replay:
-the full-size transformer with the recipe's LoRA and a batch of recorded transitions shaped as the rollout
-records them (the A14B: its two experts in one module as training holds them, replay only).
+model's recipe, how the stock engine is asked for the same samples, and the actor's replay: the full-size
+transformer with the recipe's LoRA and a batch of recorded transitions shaped as the rollout records them
+(``bench_replay_batches.py``; the A14B: its two experts in one module as training holds them, replay only).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ class BenchModel:
     rollout: bool = True  # False: no rollout part (the A14B: two 28 GB experts in the engine are not benchmarked)
     # False: the stock engine does not start on this vLLM-Omni (the reason at the model's entry); ours is timed alone
     stock_starts: bool = True
+    # False: the stock pipeline makes one sample a request whatever ``num_outputs_per_prompt`` says (the reason at the
+    # model's entry); it is then sent N requests in a row, timed together
+    stock_batches_outputs: bool = True
     # the replay's experts (A14B): one row per expert and micro-batch, each at a recorded step that expert sampled
     experts: tuple[str, ...] = ()
     # negative prompt text sent with CFG (None: none sent, the pipelines' empty negative prompt)
@@ -66,17 +69,26 @@ class BenchModel:
             "wan2_2": (rw.WAN_LOG_PROB_PIPELINE, rw.WAN_STOCK_PIPELINE),
             "qwen_image_edit": (rw.EDIT_LOG_PROB_PIPELINE, rw.EDIT_STOCK_PIPELINE),
             "flux2_klein": (rw.FLUX2_KLEIN_LOG_PROB_PIPELINE, rw.FLUX2_KLEIN_STOCK_PIPELINE),
+            "flux2": (rw.FLUX2_LOG_PROB_PIPELINE, rw.FLUX2_STOCK_PIPELINE),
+            "hunyuan_video_1_5": (rw.HYV15_LOG_PROB_PIPELINE, rw.HYV15_STOCK_PIPELINE),
+            "ltx2": (rw.LTX2_LOG_PROB_PIPELINE, rw.LTX2_STOCK_PIPELINE),
         }[self.name]
 
     def write_full_size_dir(self, out: Path) -> Path:
+        """The full-size random directory both engines start from, written once per run (the transformer's config
+        only: the engines fill its weights on the device, so even FLUX.2-dev's 32 B take no disk)."""
         import random_weights as rw
 
         if self.name == "sd3":
             return rw.write_full_size_sd3_dir(out)
         if self.name.startswith("wan2_2"):
             return rw.write_full_size_wan_dir(out, builder=self.builder)
-        if self.name == "flux2_klein":
-            return rw.write_full_size_flux2_klein_dir(out, builder=self.builder)
+        if self.name.startswith("flux2"):
+            return rw.write_full_size_flux2_dir(out, builder=self.builder)
+        if self.name == "hunyuan_video_1_5":
+            return rw.write_full_size_hunyuan_video_1_5_dir(out)
+        if self.name == "ltx2":
+            return rw.write_full_size_ltx2_dir(out)
         return rw.write_full_size_model_dir(out, builder=self.builder)
 
     def images(self) -> list | None:
@@ -105,6 +117,10 @@ class BenchModel:
             prompt["multi_modal_data"] = {"image": source_image()}
         return prompt
 
+    def stock_requests(self, args) -> int:
+        """Requests of the stock engine for N samples: one, or N of one sample each."""
+        return 1 if self.stock_batches_outputs else args.n
+
     def stock_params(self, args, seed: int):
         from vllm_omni.inputs.data import OmniDiffusionSamplingParams
 
@@ -113,7 +129,7 @@ class BenchModel:
             height=args.height,
             width=args.width,
             num_inference_steps=args.steps,
-            num_outputs_per_prompt=args.n,
+            num_outputs_per_prompt=args.n // self.stock_requests(args),
             seed=seed,
             **fields,
             **self.stock_fields(args),
@@ -196,6 +212,59 @@ MODELS = {
         lora=(64, 128),
         stock_starts=False,
     ),
+    # the FLUX.2-dev launcher (examples/flowgrpo_trainer/run_flux2_dev_ocr_lora.sh): 512², embedded guidance 4, no CFG,
+    # LoRA rank 64 / alpha 128, micro-batch 3 (10 steps here, the launcher 50; 4 samples a request, the launcher 24).
+    # Full depth in both parts: the rollout's directory holds the transformer's config only (no weight file), the
+    # engines fill the 32 B on the GPU. The stock engine's start-up warm-up sends its edit path a blank 512² image,
+    # which FLUX.2-dev (unlike klein) takes; it refuses sides under 64 px, so the smoke mode samples at 64²
+    "flux2": BenchModel(
+        name="flux2",
+        builder="flux2",
+        adapter="verl_omni.pipelines.flux2.training_adapter:Flux2TrainingAdapter",
+        cfg=1.0,
+        full={"height": 512, "width": 512, "frames": 1, "steps": 10, "n": 4, "micro_batches": [1, 3]},
+        tiny={"height": 64, "width": 64, "frames": 1, "steps": 2, "n": 2, "micro_batches": [1, 2]},
+        lora=(64, 128),
+        stock_fields=lambda args: {"guidance_scale": 4.0},
+    ),
+    # the HunyuanVideo-1.5 480p text-to-video launcher (examples/flowgrpo_trainer/run_hunyuan_video_1_5_ocr_lora.sh):
+    # 480×848, CFG 6 with the empty negative prompt, LoRA rank 64 / alpha 128, micro-batch 1; here 33 frames (the
+    # launcher's 121: --frames 121, ~3.4x the video tokens), 8 steps (the launcher 50) and 2 samples a request (the
+    # launcher 8), so that one run stays a few minutes on one GPU. vLLM-Omni 0.26's HunyuanVideo-1.5 pipeline makes one
+    # video a request (it reads no num_outputs_per_prompt): stock is sent N one-video requests in a row
+    "hunyuan_video_1_5": BenchModel(
+        name="hunyuan_video_1_5",
+        builder="hunyuan_video_1_5",
+        adapter="verl_omni.pipelines.hunyuan_video_1_5.training_adapter:HunyuanVideo15TrainingAdapter",
+        cfg=6.0,
+        full={"height": 480, "width": 848, "frames": 33, "steps": 8, "n": 2, "micro_batches": [1]},
+        tiny={"height": 32, "width": 32, "frames": 5, "steps": 2, "n": 2, "micro_batches": [1, 2]},
+        lora=(64, 128),
+        stock_fields=lambda args: {"guidance_scale": 6.0, "guidance_scale_provided": True},
+        stock_batches_outputs=False,
+    ),
+    # the LTX-2 launcher (examples/flowgrpo_trainer/run_ltx2_ocr_lora.sh): 512×768, 49 frames with their audio, video
+    # CFG 3 and audio CFG 7 (the empty negative prompt here), LoRA rank 64 / alpha 128, micro-batch 1 (10 steps here,
+    # the launcher 20; 4 samples a request, the launcher 8). Stock asked for the same guidance: its one-stage recipe's
+    # STG, modality guidance and rescale off, as ours runs
+    "ltx2": BenchModel(
+        name="ltx2",
+        builder="ltx2",
+        adapter="verl_omni.pipelines.ltx2.training_adapter:LTX2TrainingAdapter",
+        cfg=3.0,
+        full={"height": 512, "width": 768, "frames": 49, "steps": 10, "n": 4, "micro_batches": [1]},
+        tiny={"height": 32, "width": 32, "frames": 9, "steps": 2, "n": 2, "micro_batches": [1, 2]},
+        lora=(64, 128),
+        stock_fields=lambda args: {
+            "extra_args": {
+                "video_cfg_scale": 3.0,
+                "audio_cfg_scale": 7.0,
+                **{f"{m}_stg_scale": 0.0 for m in ("video", "audio")},
+                **{f"{m}_modality_scale": 1.0 for m in ("video", "audio")},
+                **{f"{m}_rescale_scale": 0.0 for m in ("video", "audio")},
+            }
+        },
+    ),
     # the Qwen-Image-Edit launcher's sampling (true CFG 4 with the " " negative prompt); one 3:2 source image,
     # conditioned by both engines at the stock 1024² area (full size) or at 96×64 (the smoke mode: at 1024² the
     # tiny model's every step attends over ~16k source-image tokens, ~11 s a step on 2 CPU cores); rollout only
@@ -231,6 +300,9 @@ FULL_SIZE_TRANSFORMER = {
     "wan2_2_a14b": ("WanTransformer3DModel", "WAN22_T2V_A14B_TRANSFORMER"),
     "wan2_2_i2v_a14b": ("WanTransformer3DModel", "WAN22_I2V_A14B_TRANSFORMER"),
     "flux2_klein": ("Flux2Transformer2DModel", "FLUX2_KLEIN_4B_TRANSFORMER"),
+    "flux2": ("Flux2Transformer2DModel", "FLUX2_DEV_TRANSFORMER"),
+    "hunyuan_video_1_5": ("HunyuanVideo15Transformer3DModel", "HYV15_480P_T2V_TRANSFORMER"),
+    "ltx2": ("LTX2VideoTransformer3DModel", "LTX2_TRANSFORMER"),
 }
 
 
@@ -282,84 +354,38 @@ def build_replay_model(
         module.enable_gradient_checkpointing()
     module.requires_grad_(False)
     rank, alpha = model.lora
-    module.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(adapter.lora_target_modules)))
+    # the engine's LoRA: the adapter's targets less its exclusions (HunyuanVideo-1.5's token refiner)
+    targets = list(adapter.lora_target_modules)
+    module.add_adapter(
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, exclude_modules=adapter.lora_exclude_modules)
+    )
     for param in module.parameters():
         if param.requires_grad:
             param.data = param.data.float()
     return module
 
 
-def replay_batch_fn(model: BenchModel, args, expert: str | None = None):
-    """``actor_throughput.measure``'s batch function for ``model``: random recorded transitions at the first step
-    (with ``expert``: the first step that expert samples)."""
-    from verl_omni.workers.utils.replay import prepare_scheduler
-
-    adapter = model.load_adapter()
-
-    def sd3(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
-        cells = (spec.height // (2 * vae_scale_factor)) * (spec.width // (2 * vae_scale_factor))
-        prepare_scheduler(adapter, scheduler, spec, cells)
-        config = module.config
-        fields = {
-            "all_latents": torch.randn(batch, 2, cells, 4 * config.in_channels, device=device),
-            "prompt_embeds": torch.randn(batch, text_len, config.joint_attention_dim, device=device),
-            "pooled_prompt_embeds": torch.randn(batch, config.pooled_projection_dim, device=device),
-        }
-        if spec.uses_cfg:
-            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
-            fields["negative_pooled_prompt_embeds"] = torch.randn_like(fields["pooled_prompt_embeds"])
-        fields["all_timesteps"] = scheduler.timesteps[:1].expand(batch, 1).to(device)
-        return fields
-
-    def flux2(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
-        # packed tokens [S, 4C]: one per 2×2 latent cells
-        cells = (spec.height // (2 * vae_scale_factor)) * (spec.width // (2 * vae_scale_factor))
-        prepare_scheduler(adapter, scheduler, spec, cells)
-        config = module.config
-        fields = {
-            "all_latents": torch.randn(batch, 2, cells, config.in_channels, device=device),
-            "all_timesteps": scheduler.timesteps[:1].expand(batch, 1).to(device),
-            "prompt_embeds": torch.randn(batch, text_len, config.joint_attention_dim, device=device),
-        }
-        if spec.uses_cfg:
-            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
-        return fields
-
-    def wan(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
-        # latents [C, F', h, w]: F' = (F - 1)/4 + 1 latent frames, h = H/s, w = W/s (s: 16 for TI2V-5B, 8 for A14B)
-        config = module.transformer.config if expert else module.config
-        shape = (
-            config.out_channels,
-            (spec.num_frames - 1) // adapter.frame_multiple + 1,
-            spec.height // vae_scale_factor,
-            spec.width // vae_scale_factor,
-        )
-        latents = torch.randn(batch, 2, *shape, device=device)
-        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(latents[:, 0]))
-        timesteps = scheduler.timesteps
-        if expert:
-            high = adapter.high_noise(timesteps)
-            timesteps = timesteps[high if expert == model.experts[0] else ~high]
-        fields = {
-            "all_latents": latents,
-            "all_timesteps": timesteps[:1].expand(batch, 1).to(device),
-            "prompt_embeds": torch.randn(batch, text_len, config.text_dim, device=device),
-            "prompt_embeds_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
-        }
-        if spec.uses_cfg:
-            fields["negative_prompt_embeds"] = torch.randn_like(fields["prompt_embeds"])
-            fields["negative_prompt_embeds_mask"] = fields["prompt_embeds_mask"].clone()
-        if "image_condition" in adapter.conditioning_keys:
-            # image-to-video: the source image's mask and latent channels, joined to the latents' before the blocks
-            fields["image_condition"] = torch.randn(batch, config.in_channels - shape[0], *shape[1:], device=device)
-        return fields
-
-    return {"sd3": sd3, "flux2_klein": flux2, "wan2_2": wan, "wan2_2_a14b": wan, "wan2_2_i2v_a14b": wan}[model.name]
-
-
 # prompt tokens of a replayed sample: SD3's CLIP 77 + T5 256 (the rollout pipeline's max_sequence_length); FLUX.2's
-# templated prompt padded to 512; Wan's
-# real UMT5 tokens of a short prompt (the adapter pads them to 512 with zeros, so the attention cost is the 512's)
-REPLAY_TEXT_LEN = {"sd3": 77 + 256, "wan2_2": 32, "wan2_2_a14b": 32, "wan2_2_i2v_a14b": 32, "flux2_klein": 512}
+# templated prompt padded to 512; Wan's real UMT5 tokens of a short prompt (the adapter pads them to 512 with zeros, so
+# the attention cost is the 512's); HunyuanVideo-1.5's 1000 masked Qwen2.5-VL tokens; LTX-2's 1024 connector tokens
+REPLAY_TEXT_LEN = {
+    "sd3": 77 + 256,
+    "wan2_2": 32,
+    "wan2_2_a14b": 32,
+    "wan2_2_i2v_a14b": 32,
+    "flux2_klein": 512,
+    "flux2": 512,
+    "hunyuan_video_1_5": 1000,
+    "ltx2": 1024,
+}
 # pixels per latent cell at full size (the tiny models read theirs from the VAE config; the A14B's Wan2.1 VAE: 8)
-FULL_SIZE_VAE_SCALE = {"sd3": 8, "wan2_2": 16, "wan2_2_a14b": 8, "wan2_2_i2v_a14b": 8, "flux2_klein": 8}
+FULL_SIZE_VAE_SCALE = {
+    "sd3": 8,
+    "wan2_2": 16,
+    "wan2_2_a14b": 8,
+    "wan2_2_i2v_a14b": 8,
+    "flux2_klein": 8,
+    "flux2": 8,
+    "hunyuan_video_1_5": 16,
+    "ltx2": 32,
+}

@@ -1,18 +1,20 @@
 """One model on one device: our rollout pipeline vs stock vLLM-Omni's, and the actor's LoRA replay.
 
-``--model``: ``sd3`` (SD3.5 Medium), ``flux2_klein`` (FLUX.2-klein 4B, step-distilled; stock vLLM-Omni 0.26 does
-not start it, so ours is timed alone), ``wan2_2`` (Wan2.2 TI2V-5B text-to-video), ``wan2_2_a14b`` /
-``wan2_2_i2v_a14b`` (Wan2.2 T2V-A14B / I2V-A14B, replay only) or ``qwen_image_edit`` (rollout only); what differs between them is in ``bench_models.py``. One run,
-two parts:
+``--model``: ``sd3`` (SD3.5 Medium), ``flux2`` (FLUX.2-dev, 32 B), ``flux2_klein`` (FLUX.2-klein 4B,
+step-distilled; stock vLLM-Omni 0.26 does not start it, so ours is timed alone), ``wan2_2`` (Wan2.2 TI2V-5B
+text-to-video), ``wan2_2_a14b`` / ``wan2_2_i2v_a14b`` (Wan2.2 T2V-A14B / I2V-A14B, replay only),
+``hunyuan_video_1_5`` (HunyuanVideo-1.5 480p text-to-video), ``ltx2`` (LTX-2, video with its audio as one latent)
+or ``qwen_image_edit`` (rollout only); what differs between them is in ``bench_models.py`` (the replay's recorded
+batches in ``bench_replay_batches.py``). One run, two parts:
 
 * **rollout**: N samples of one prompt per request at the model's recipe sampling (SD3.5: 512², 10 steps,
-  CFG 4.5; Wan2.2: 832×480, 33 frames, 10 steps, CFG 5; Qwen-Image-Edit: 512², one source image conditioned
-  at vLLM-Omni's 1024² (``--condition-area``), 10 steps, true CFG 4): our log-prob pipeline
+  CFG 4.5; Wan2.2: 832×480, 33 frames, 10 steps, CFG 5; the others' at their entries; Qwen-Image-Edit: 512², one
+  source image conditioned at vLLM-Omni's 1024² (``--condition-area``), 10 steps, true CFG 4): our log-prob pipeline
   (``OmniRolloutEngine``, one ``generate_batched(N)`` request, SDE window 2, noise 0.7) and vLLM-Omni's own
   pipeline (one request with ``num_outputs_per_prompt=N``). Each engine is warmed once, then timed over
   ``--repeats`` requests; the ratio ours / stock is printed (the target is >= 0.99);
-* **replay** (SD3.5, Wan2.2; the A14B: both experts in one module, a row per expert at a step it sampled): the
-  actor's unit of work (one recorded transition: velocity with classic CFG,
+* **replay** (all but Qwen-Image-Edit; the A14B: both experts in one module, a row per expert at a step it
+  sampled): the actor's unit of work (one recorded transition: velocity with the model's guidance,
   SDE step, log-prob, backward into a LoRA of the recipe's rank; gradient checkpointing on, as the engine's
   default), samples/s, seconds per sample and peak GPU memory per micro-batch, and its TFLOP/s as a
   fraction of the measured matmul ceiling (``actor_throughput.py``'s loop).
@@ -28,6 +30,7 @@ one JSON object, also written to ``$OUT/<model>_throughput.json`` when ``OUT`` i
     python benchmarks/model_throughput.py --model wan2_2               # CPU smoke run (tiny model)
     python benchmarks/model_throughput.py --model wan2_2_a14b --full-size --parts replay  # A14B, 832x480x33
     python benchmarks/model_throughput.py --model wan2_2 --full-size --parts rollout --frames 81 --ulysses 1 2
+    python benchmarks/model_throughput.py --model hunyuan_video_1_5 --full-size --frames 121  # the launcher's video
 
 ``--ulysses 1 2`` times the rollout part at each sequence-parallel degree (both engines split alike over that many
 GPUs): ours / stock per degree, and each degree's speed-up per GPU over the first.
@@ -58,8 +61,8 @@ from bench_models import (  # noqa: E402
     PROMPT,
     REPLAY_TEXT_LEN,
     build_replay_model,
-    replay_batch_fn,
 )
+from bench_replay_batches import replay_batch_fn  # noqa: E402
 from rollout_throughput import engine_kwargs, profiled_request, profiler_kwargs, time_rounds  # noqa: E402
 
 logger = logging.getLogger("model_throughput")
@@ -73,7 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help="samples per prompt (one request; default the model's)")
     p.add_argument("--steps", type=int, help="denoising steps (default the model's)")
     p.add_argument("--size", help="HxW or a square side in pixels (default the model's)")
-    p.add_argument("--frames", type=int, help="video frames, 4k + 1 (Wan2.2; default the model's)")
+    p.add_argument(
+        "--frames", type=int, help="video frames (Wan2.2, HunyuanVideo-1.5: 4k + 1; LTX-2: 8k + 1; default the model's)"
+    )
     p.add_argument(
         "--condition-area",
         type=int,
@@ -210,7 +215,7 @@ async def profile_ours(args, engine, one) -> dict:
 
 async def time_stock(args, model_path: Path, pipeline: str | None, degree: int = 1) -> float:
     """Seconds per request of vLLM-Omni's pipeline with ``num_outputs_per_prompt=N`` (the same prompt, CFG and
-    source image as ours)."""
+    source image as ours; a pipeline that makes one sample a request: N requests in a row)."""
     from vllm_omni.entrypoints.async_omni import AsyncOmni
 
     from verl_omni.workers.rollout.vllm_omni.engine import DEFAULT_BATCH_WAIT_MS
@@ -238,9 +243,10 @@ async def time_stock(args, model_path: Path, pipeline: str | None, degree: int =
     prompt = model.stock_prompt()
 
     async def one(_cfg, r):
-        params = model.stock_params(args, r)
-        async for _ in engine.generate(prompt=prompt, request_id=f"stock-{r}", sampling_params_list=[params]):
-            pass
+        for i in range(model.stock_requests(args)):
+            params = model.stock_params(args, 1000 * r + i)
+            async for _ in engine.generate(prompt=prompt, request_id=f"stock-{r}-{i}", sampling_params_list=[params]):
+                pass
 
     try:
         seconds = (await time_rounds({"stock": one}, args.cfg, args.repeats))["stock", model.cfg]
@@ -378,7 +384,8 @@ def replay_part(args, model_path: Path) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # force: an import (vLLM's) configured the root logger first, which hid these progress lines
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", force=True)
     # the engines import the random-weight pipelines by name in their own processes
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
     model = MODELS[args.model]

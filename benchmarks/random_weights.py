@@ -1,5 +1,5 @@
-"""Full-size Qwen-Image (-Edit), SD3.5 Medium, FLUX.2-klein 4B and Wan2.2 (TI2V-5B, T2V-A14B, I2V-A14B), random
-weights, no weight file.
+"""Full-size Qwen-Image (-Edit), SD3.5 Medium, FLUX.2 (dev, klein 4B), Wan2.2 (TI2V-5B, T2V-A14B, I2V-A14B),
+HunyuanVideo-1.5 and LTX-2, random weights, no weight file.
 
 FLOPs do not depend on the weights, and writing the 20 B transformer (~40 GB in bf16) to disk
 would cost minutes on every GPU machine. So the benchmark directory holds the transformer's
@@ -20,13 +20,19 @@ import math
 from pathlib import Path
 
 import torch
+from vllm_omni.diffusion.models.flux2.pipeline_flux2 import Flux2Pipeline
 from vllm_omni.diffusion.models.flux2_klein.pipeline_flux2_klein import Flux2KleinPipeline
+from vllm_omni.diffusion.models.hunyuan_video.pipeline_hunyuan_video_1_5 import HunyuanVideo15Pipeline
+from vllm_omni.diffusion.models.ltx2.pipeline_ltx2 import LTX2Pipeline
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
 from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import QwenImageEditPipeline
 from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
 from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline
 
+from verl_omni.pipelines.flux2.rollout_pipeline import Flux2LogProbPipeline
 from verl_omni.pipelines.flux2_klein.rollout_pipeline import Flux2KleinLogProbPipeline
+from verl_omni.pipelines.hunyuan_video_1_5.rollout_pipeline import HunyuanVideo15LogProbPipeline
+from verl_omni.pipelines.ltx2.rollout_pipeline import LTX2LogProbPipeline
 from verl_omni.pipelines.qwen_image.rollout_pipeline import QwenImageLogProbPipeline
 from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import QwenImageEditLogProbPipeline
 from verl_omni.pipelines.sd3.rollout_pipeline import SD3LogProbPipeline
@@ -42,6 +48,12 @@ EDIT_LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImageEditPipeline"
 EDIT_STOCK_PIPELINE = "random_weights.RandomStockQwenImageEditPipeline"
 FLUX2_KLEIN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbFlux2KleinPipeline"
 FLUX2_KLEIN_STOCK_PIPELINE = "random_weights.RandomStockFlux2KleinPipeline"
+FLUX2_LOG_PROB_PIPELINE = "random_weights.RandomLogProbFlux2Pipeline"
+FLUX2_STOCK_PIPELINE = "random_weights.RandomStockFlux2Pipeline"
+HYV15_LOG_PROB_PIPELINE = "random_weights.RandomLogProbHunyuanVideo15Pipeline"
+HYV15_STOCK_PIPELINE = "random_weights.RandomStockHunyuanVideo15Pipeline"
+LTX2_LOG_PROB_PIPELINE = "random_weights.RandomLogProbLTX2Pipeline"
+LTX2_STOCK_PIPELINE = "random_weights.RandomStockLTX2Pipeline"
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json: the MMDiT-X of 24 blocks, 24 heads of 64,
 # dual attention in blocks 0-12, RMS q/k norm (joint_attention_dim 4096 and pooled 2048 are the released text
 # widths; the random benchmark directory swaps in the tiny text encoders' widths)
@@ -128,6 +140,78 @@ FLUX2_KLEIN_4B_TRANSFORMER = {
     "axes_dims_rope": (32, 32, 32, 32),
     "guidance_embeds": False,
 }
+# FLUX.2-dev's transformer (black-forest-labs/FLUX.2-dev transformer/config.json; diffusers'
+# ``Flux2Transformer2DModel`` defaults are the same): 8 double-stream and 48 single-stream blocks, 48 heads of 128
+# (6144 wide), 128 packed latent channels, MLP ratio 3, the guidance embedding; its text width 15360 is three stacked
+# hidden states of Mistral Small 3 (5120 each)
+FLUX2_DEV_TRANSFORMER = {
+    "patch_size": 1,
+    "in_channels": 128,
+    "num_layers": 8,
+    "num_single_layers": 48,
+    "attention_head_dim": 128,
+    "num_attention_heads": 48,
+    "joint_attention_dim": 15360,
+    "timestep_guidance_channels": 256,
+    "mlp_ratio": 3.0,
+    "axes_dims_rope": (32, 32, 32, 32),
+    "rope_theta": 2000,
+    "eps": 1e-6,
+    "guidance_embeds": True,
+}
+# HunyuanVideo-1.5 480p text-to-video's transformer (hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v
+# transformer/config.json; diffusers' ``HunyuanVideo15Transformer3DModel`` defaults are the same numbers): 54
+# dual-stream blocks of 16 heads of 128, MLP ratio 4, 1x1x1 patches, 65 channels in (32 noisy latent, 32 condition, 1
+# mask), 32 out, Qwen2.5-VL-7B's text width 3584, ByT5's glyph width 1472, SigLIP's image width 1152, a 2-layer token
+# refiner
+HYV15_480P_T2V_TRANSFORMER = {
+    "in_channels": 65,
+    "out_channels": 32,
+    "num_attention_heads": 16,
+    "attention_head_dim": 128,
+    "num_layers": 54,
+    "num_refiner_layers": 2,
+    "mlp_ratio": 4.0,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "qk_norm": "rms_norm",
+    "text_embed_dim": 3584,
+    "text_embed_2_dim": 1472,
+    "image_embed_dim": 1152,
+    "rope_theta": 256.0,
+    "rope_axes_dim": (16, 56, 56),
+    "target_size": 640,
+    "task_type": "t2v",
+    "use_meanflow": False,
+}
+# LTX-2's audio-video transformer (Lightricks/LTX-2, diffusers' scripts/convert_ltx2_to_diffusers.py version "2.0"
+# transformer config; ``LTX2VideoTransformer3DModel``'s defaults are the same numbers): 48 blocks, video stream 32
+# heads of 128 (4096 wide), audio stream 32 heads of 64 (2048 wide), 128 latent channels each, Gemma 3 12B's text width
+# 3840 (the connectors' output)
+LTX2_TRANSFORMER = {
+    "in_channels": 128,
+    "out_channels": 128,
+    "patch_size": 1,
+    "patch_size_t": 1,
+    "num_attention_heads": 32,
+    "attention_head_dim": 128,
+    "cross_attention_dim": 4096,
+    "audio_in_channels": 128,
+    "audio_out_channels": 128,
+    "audio_num_attention_heads": 32,
+    "audio_attention_head_dim": 64,
+    "audio_cross_attention_dim": 2048,
+    "num_layers": 48,
+    "qk_norm": "rms_norm_across_heads",
+    "norm_elementwise_affine": False,
+    "caption_channels": 3840,
+    "rope_theta": 10000.0,
+    "causal_offset": 1,
+}
+# its video VAE (the same script's "2.0" video VAE config: ``AutoencoderKLLTX2Video``'s defaults with a non-causal
+# decoder, 32 pixels and 8 frames per latent cell, 128 latent channels); the audio VAE and vocoder are diffusers'
+# defaults, the released ones (8 latent channels x 16 latent mel bins = the transformer's 128 audio channels)
+LTX2_VIDEO_VAE = {"decoder_causal": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8}
 # its vae/config.json (the Wan2.2 VAE, diffusers' scripts/convert_wan_to_diffusers.py ``vae22_diffusers_config``):
 # 2×2 pixel patchify (12 channels), 16 px per latent cell, 4 frames per latent frame, 48 latent channels; the
 # per-channel latent statistics are left at 0 / 1 (random weights: they change no cost)
@@ -167,12 +251,25 @@ def fill_random_(module: torch.nn.Module, seed: int = 0) -> None:
 
 class RandomWeightsMixin:
     """``load_weights`` that fills the transformer in place and reports every parameter loaded, at the engine's
-    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given."""
+    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given. Components the
+    engine streams through ``load_weights`` besides the transformers (FLUX.2-dev's Mistral encoder, HunyuanVideo-1.5's
+    ByT5 glyph encoder: the tiny ones on disk) still load from their files, else they would keep uninitialized
+    memory; the transformers' sources are dropped, their folders hold a config and no weight file."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        sources = getattr(self, "weights_sources", [])
+        others = [s for s in sources if not (s.subfolder or "").startswith("transformer")]
+        self._streams_others = bool(others)
+        if others:
+            self.weights_sources = others
 
     def load_weights(self, weights) -> set[str]:
         if getattr(self, "_random_filled", False):
             return super().load_weights(weights)
         self._random_filled = True
+        if self._streams_others:
+            super().load_weights(weights)
         # the model's own loader, given no weights, still sets what it exposes on the way (Qwen-Image's
         # ``stacked_params_mapping``, from which vLLM-Omni's LoRA manager learns the fused q/k/v layers)
         own_loader = getattr(self.transformer, "load_weights", None)
@@ -212,6 +309,30 @@ class RandomLogProbFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinLogProbPipel
 
 class RandomStockFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinPipeline):
     """vLLM-Omni's own FLUX.2-klein pipeline on the same random weights."""
+
+
+class RandomLogProbFlux2Pipeline(RandomWeightsMixin, Flux2LogProbPipeline):
+    """The FLUX.2-dev rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockFlux2Pipeline(RandomWeightsMixin, Flux2Pipeline):
+    """vLLM-Omni's own FLUX.2-dev pipeline on the same random weights."""
+
+
+class RandomLogProbHunyuanVideo15Pipeline(RandomWeightsMixin, HunyuanVideo15LogProbPipeline):
+    """The HunyuanVideo-1.5 rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockHunyuanVideo15Pipeline(RandomWeightsMixin, HunyuanVideo15Pipeline):
+    """vLLM-Omni's own HunyuanVideo-1.5 pipeline on the same random weights."""
+
+
+class RandomLogProbLTX2Pipeline(RandomWeightsMixin, LTX2LogProbPipeline):
+    """The LTX-2 rollout's log-prob pipeline on random full-size weights."""
+
+
+class RandomStockLTX2Pipeline(RandomWeightsMixin, LTX2Pipeline):
+    """vLLM-Omni's own LTX-2 pipeline on the same random weights."""
 
 
 class RandomLogProbQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditLogProbPipeline):
@@ -313,23 +434,74 @@ def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
     return out
 
 
-def write_full_size_flux2_klein_dir(out: Path, builder: str = "flux2_klein_distilled") -> Path:
-    """A diffusers FLUX.2-klein 4B directory: the tiny Qwen3 text side, the full-size transformer's config only, the
-    full-size random FLUX.2 VAE (diffusers' ``AutoencoderKLFlux2`` defaults). The transformer's text width is three
-    of the tiny encoder's hidden states; the prompt keeps its 512 padded tokens, so attention costs what it costs
-    with Qwen3-4B (only the text projection shrinks)."""
+def _clear(component: Path) -> Path:
+    """``component``'s tiny files removed (its full-size config or weights are written in their place)."""
+    for stale in component.iterdir():
+        stale.unlink()
+    return component
+
+
+def _hidden_size(config_file: Path, key: str = "hidden_size") -> int:
+    """A tiny text encoder's width (a multimodal config's text part where it has one)."""
+    config = json.loads(config_file.read_text())
+    return int(config.get("text_config", config)[key])
+
+
+def write_full_size_flux2_dir(out: Path, builder: str = "flux2_klein_distilled") -> Path:
+    """A diffusers FLUX.2 directory (``builder`` ``"flux2"``: FLUX.2-dev, its tiny Mistral text side; otherwise
+    klein 4B, its tiny Qwen3 one), the full-size transformer's config only, the full-size random FLUX.2 VAE
+    (diffusers' ``AutoencoderKLFlux2`` defaults). The transformer's text width is three of the tiny encoder's hidden
+    states; the prompt keeps its 512 padded tokens, so attention costs what it costs with the released encoder (only
+    the text projection shrinks)."""
     from diffusers import AutoencoderKLFlux2, Flux2Transformer2DModel
 
     from verl_omni.utils.tiny_models import build_tiny_model
 
     build_tiny_model(builder, out, seed=0, dtype="bfloat16")
-    text_config = json.loads((out / "text_encoder" / "config.json").read_text())
-    text = {"joint_attention_dim": 3 * int(text_config["hidden_size"])}
-    for sub in ("transformer", "vae"):
-        for stale in (out / sub).iterdir():
-            stale.unlink()
+    config = FLUX2_DEV_TRANSFORMER if builder == "flux2" else FLUX2_KLEIN_4B_TRANSFORMER
+    text = {"joint_attention_dim": 3 * _hidden_size(out / "text_encoder" / "config.json")}
     with torch.device("meta"):
-        transformer = Flux2Transformer2DModel(**{**FLUX2_KLEIN_4B_TRANSFORMER, **text})
-    transformer.save_config(out / "transformer")
-    AutoencoderKLFlux2().to(torch.bfloat16).save_pretrained(out / "vae")
+        transformer = Flux2Transformer2DModel(**{**config, **text})
+    transformer.save_config(_clear(out / "transformer"))
+    AutoencoderKLFlux2().to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+    return out
+
+
+def write_full_size_hunyuan_video_1_5_dir(out: Path) -> Path:
+    """A diffusers HunyuanVideo-1.5 480p text-to-video directory: the tiny Qwen2.5-VL and ByT5 text side, the
+    full-size transformer's config only (its two text widths the tiny encoders'; the prompt keeps its 1000 masked
+    Qwen tokens), the full-size random VAE (diffusers' ``AutoencoderKLHunyuanVideo15`` defaults, the released one)."""
+    from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
+
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    build_tiny_model("hunyuan_video_1_5", out, seed=0, dtype="bfloat16")
+    text = {
+        "text_embed_dim": _hidden_size(out / "text_encoder" / "config.json"),
+        "text_embed_2_dim": _hidden_size(out / "text_encoder_2" / "config.json", "d_model"),
+    }
+    with torch.device("meta"):
+        transformer = HunyuanVideo15Transformer3DModel(**{**HYV15_480P_T2V_TRANSFORMER, **text})
+    transformer.save_config(_clear(out / "transformer"))
+    AutoencoderKLHunyuanVideo15().to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+    return out
+
+
+def write_full_size_ltx2_dir(out: Path) -> Path:
+    """A diffusers LTX-2 directory: the tiny Gemma 3 and text connectors, the full-size transformer's config only
+    (its caption width the tiny connectors'; the contexts keep their 1024 tokens), the full-size random video VAE,
+    audio VAE and vocoder."""
+    from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, LTX2VideoTransformer3DModel
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    build_tiny_model("ltx2", out, seed=0, dtype="bfloat16")
+    text = {"caption_channels": _hidden_size(out / "connectors" / "config.json", "caption_channels")}
+    with torch.device("meta"):
+        transformer = LTX2VideoTransformer3DModel(**{**LTX2_TRANSFORMER, **text})
+    transformer.save_config(_clear(out / "transformer"))
+    AutoencoderKLLTX2Video(**LTX2_VIDEO_VAE).to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+    AutoencoderKLLTX2Audio().to(torch.bfloat16).save_pretrained(_clear(out / "audio_vae"))
+    LTX2Vocoder().to(torch.bfloat16).save_pretrained(_clear(out / "vocoder"))
     return out

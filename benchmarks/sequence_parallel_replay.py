@@ -55,8 +55,8 @@ from bench_models import (  # noqa: E402
     MODELS,
     REPLAY_TEXT_LEN,
     build_replay_model,
-    replay_batch_fn,
 )
+from bench_replay_batches import replay_batch_fn  # noqa: E402
 
 logger = logging.getLogger("sequence_parallel_replay")
 

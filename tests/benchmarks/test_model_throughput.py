@@ -24,7 +24,20 @@ REPLAY_ONLY = ("wan2_2_a14b", "wan2_2_i2v_a14b")
 EXPERTS = ["transformer", "transformer_2"]
 
 
-@pytest.mark.parametrize("model", ["sd3", "flux2_klein", "wan2_2", "wan2_2_a14b", "wan2_2_i2v_a14b", "qwen_image_edit"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "sd3",
+        "flux2_klein",
+        "flux2",
+        "wan2_2",
+        "wan2_2_a14b",
+        "wan2_2_i2v_a14b",
+        "hunyuan_video_1_5",
+        "ltx2",
+        "qwen_image_edit",
+    ],
+)
 def test_benchmark_reports_the_ratio_to_stock_and_the_replay_row(model, tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["--model", model, "--n", "2", "--repeats", "1", "--micro-batches", "1", "--warmup", "0", "--iters", "1"]
