@@ -24,12 +24,13 @@ REPLAY_ONLY = ("wan2_2_a14b", "wan2_2_i2v_a14b")
 EXPERTS = ["transformer", "transformer_2"]
 
 
+# FLUX.2-dev is left out: its entry differs from klein's only in its pipelines' names and guidance, and its two
+# engines' warm-ups alone take 20 s on two cores
 @pytest.mark.parametrize(
     "model",
     [
         "sd3",
         "flux2_klein",
-        "flux2",
         "wan2_2",
         "wan2_2_a14b",
         "wan2_2_i2v_a14b",
