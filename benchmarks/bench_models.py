@@ -61,17 +61,18 @@ class BenchModel:
         return getattr(importlib.import_module(module), name)
 
     def pipelines(self) -> tuple[str, str]:
-        """Ours and stock vLLM-Omni's pipeline on random full-size weights (``random_weights.py``)."""
-        import random_weights as rw
+        """Ours and stock vLLM-Omni's pipeline on random full-size weights (``random_pipelines.py``)."""
+        import random_pipelines as rp
 
         return {
-            "sd3": (rw.SD3_LOG_PROB_PIPELINE, rw.SD3_STOCK_PIPELINE),
-            "wan2_2": (rw.WAN_LOG_PROB_PIPELINE, rw.WAN_STOCK_PIPELINE),
-            "qwen_image_edit": (rw.EDIT_LOG_PROB_PIPELINE, rw.EDIT_STOCK_PIPELINE),
-            "flux2_klein": (rw.FLUX2_KLEIN_LOG_PROB_PIPELINE, rw.FLUX2_KLEIN_STOCK_PIPELINE),
-            "flux2": (rw.FLUX2_LOG_PROB_PIPELINE, rw.FLUX2_STOCK_PIPELINE),
-            "hunyuan_video_1_5": (rw.HYV15_LOG_PROB_PIPELINE, rw.HYV15_STOCK_PIPELINE),
-            "ltx2": (rw.LTX2_LOG_PROB_PIPELINE, rw.LTX2_STOCK_PIPELINE),
+            "sd3": (rp.SD3_LOG_PROB_PIPELINE, rp.SD3_STOCK_PIPELINE),
+            "wan2_2": (rp.WAN_LOG_PROB_PIPELINE, rp.WAN_STOCK_PIPELINE),
+            "wan2_2_i2v_a14b": (rp.WAN_I2V_LOG_PROB_PIPELINE, rp.WAN_I2V_STOCK_PIPELINE),
+            "qwen_image_edit": (rp.EDIT_LOG_PROB_PIPELINE, rp.EDIT_STOCK_PIPELINE),
+            "flux2_klein": (rp.FLUX2_KLEIN_LOG_PROB_PIPELINE, rp.FLUX2_KLEIN_STOCK_PIPELINE),
+            "flux2": (rp.FLUX2_LOG_PROB_PIPELINE, rp.FLUX2_STOCK_PIPELINE),
+            "hunyuan_video_1_5": (rp.HYV15_LOG_PROB_PIPELINE, rp.HYV15_STOCK_PIPELINE),
+            "ltx2": (rp.LTX2_LOG_PROB_PIPELINE, rp.LTX2_STOCK_PIPELINE),
         }[self.name]
 
     def write_full_size_dir(self, out: Path) -> Path:
@@ -185,18 +186,25 @@ MODELS = {
         experts=("transformer", "transformer_2"),
     ),
     # the Wan2.2 I2V-A14B launcher (examples/flowgrpo_trainer/run_wan2_2_i2v_a14b_vlm_judge_lora.sh): CFG 3.5, LoRA rank
-    # 64 / alpha 128; the A14B's 832×480 shape at 33 frames (the launcher's 81: --frames 81); replay only, both experts
-    # resident, each sample's recorded source-image condition joined to its latents
+    # 64 / alpha 128; the A14B's 832×480 shape at 33 frames (the launcher's 81: --frames 81). Rollout: one 3:2 source
+    # image, 2 videos a request (a 14 B expert's CFG step over 2 × 14040 tokens is about a second), both engines'
+    # two experts filled on the GPU (57 GB), stock sampling with vLLM-Omni's Euler scheduler as ours. Replay: both
+    # experts resident, each sample's recorded source-image condition joined to its latents
     "wan2_2_i2v_a14b": BenchModel(
         name="wan2_2_i2v_a14b",
         builder="wan2_2_i2v_a14b",
         adapter="verl_omni.pipelines.wan2_2_i2v.training_adapter:Wan22I2VA14BTrainingAdapter",
         cfg=3.5,
-        full=WAN_FULL,
+        full={**WAN_FULL, "n": 2},
         tiny=WAN_TINY,
         lora=(64, 128),
-        rollout=False,
         experts=("transformer", "transformer_2"),
+        source_images=1,
+        stock_fields=lambda args: {
+            "guidance_scale": 3.5,
+            "guidance_scale_provided": True,
+            "extra_args": {"sample_solver": "euler"},
+        },
     ),
     # the FLUX.2-klein 4B launcher (examples/flowgrpo_trainer/run_flux2_klein_4b_ocr_lora.sh): the step-distilled
     # checkpoint, 512², 4 steps, no CFG, LoRA rank 64 / alpha 128. Stock vLLM-Omni 0.26 does not start a klein

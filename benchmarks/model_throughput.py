@@ -399,8 +399,8 @@ def main(argv=None) -> dict:
         "frames": args.frames,
         "cfg": model.cfg,
     }
-    if model.source_images:
-        result["condition_area"] = args.condition_area or 1024 * 1024
+    if args.condition_area:
+        result["condition_area"] = args.condition_area
     with tempfile.TemporaryDirectory(prefix=f"{args.model}_bench_") as tmp:
         if args.full_size:
             model_path = model.write_full_size_dir(Path(tmp) / args.model)

@@ -9,8 +9,7 @@ text encoder) is the tiny model's: it is not what is timed, and the transformer'
 ``joint_attention_dim`` is set to its hidden size. The VAE is the full-size architecture with
 random weights (~0.25 GB, written once).
 
-The engine imports the pipeline classes by name in its worker processes: the benchmark puts this
-directory on ``PYTHONPATH`` before it starts an engine.
+The pipelines that fill the weights are in ``random_pipelines.py``.
 """
 
 from __future__ import annotations
@@ -20,40 +19,7 @@ import math
 from pathlib import Path
 
 import torch
-from vllm_omni.diffusion.models.flux2.pipeline_flux2 import Flux2Pipeline
-from vllm_omni.diffusion.models.flux2_klein.pipeline_flux2_klein import Flux2KleinPipeline
-from vllm_omni.diffusion.models.hunyuan_video.pipeline_hunyuan_video_1_5 import HunyuanVideo15Pipeline
-from vllm_omni.diffusion.models.ltx2.pipeline_ltx2 import LTX2Pipeline
-from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image import QwenImagePipeline
-from vllm_omni.diffusion.models.qwen_image.pipeline_qwen_image_edit import QwenImageEditPipeline
-from vllm_omni.diffusion.models.sd3.pipeline_sd3 import StableDiffusion3Pipeline
-from vllm_omni.diffusion.models.wan2_2.pipeline_wan2_2 import Wan22Pipeline
 
-from verl_omni.pipelines.flux2.rollout_pipeline import Flux2LogProbPipeline
-from verl_omni.pipelines.flux2_klein.rollout_pipeline import Flux2KleinLogProbPipeline
-from verl_omni.pipelines.hunyuan_video_1_5.rollout_pipeline import HunyuanVideo15LogProbPipeline
-from verl_omni.pipelines.ltx2.rollout_pipeline import LTX2LogProbPipeline
-from verl_omni.pipelines.qwen_image.rollout_pipeline import QwenImageLogProbPipeline
-from verl_omni.pipelines.qwen_image_edit.rollout_pipeline import QwenImageEditLogProbPipeline
-from verl_omni.pipelines.sd3.rollout_pipeline import SD3LogProbPipeline
-from verl_omni.pipelines.wan2_2.rollout_pipeline import Wan22LogProbPipeline
-
-LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImagePipeline"
-STOCK_PIPELINE = "random_weights.RandomStockQwenImagePipeline"
-SD3_LOG_PROB_PIPELINE = "random_weights.RandomLogProbSD3Pipeline"
-SD3_STOCK_PIPELINE = "random_weights.RandomStockSD3Pipeline"
-WAN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbWan22Pipeline"
-WAN_STOCK_PIPELINE = "random_weights.RandomStockWan22Pipeline"
-EDIT_LOG_PROB_PIPELINE = "random_weights.RandomLogProbQwenImageEditPipeline"
-EDIT_STOCK_PIPELINE = "random_weights.RandomStockQwenImageEditPipeline"
-FLUX2_KLEIN_LOG_PROB_PIPELINE = "random_weights.RandomLogProbFlux2KleinPipeline"
-FLUX2_KLEIN_STOCK_PIPELINE = "random_weights.RandomStockFlux2KleinPipeline"
-FLUX2_LOG_PROB_PIPELINE = "random_weights.RandomLogProbFlux2Pipeline"
-FLUX2_STOCK_PIPELINE = "random_weights.RandomStockFlux2Pipeline"
-HYV15_LOG_PROB_PIPELINE = "random_weights.RandomLogProbHunyuanVideo15Pipeline"
-HYV15_STOCK_PIPELINE = "random_weights.RandomStockHunyuanVideo15Pipeline"
-LTX2_LOG_PROB_PIPELINE = "random_weights.RandomLogProbLTX2Pipeline"
-LTX2_STOCK_PIPELINE = "random_weights.RandomStockLTX2Pipeline"
 # stabilityai/stable-diffusion-3.5-medium transformer/config.json: the MMDiT-X of 24 blocks, 24 heads of 64,
 # dual attention in blocks 0-12, RMS q/k norm (joint_attention_dim 4096 and pooled 2048 are the released text
 # widths; the random benchmark directory swaps in the tiny text encoders' widths)
@@ -249,100 +215,6 @@ def fill_random_(module: torch.nn.Module, seed: int = 0) -> None:
             param.zero_()
 
 
-class RandomWeightsMixin:
-    """``load_weights`` that fills the transformer in place and reports every parameter loaded, at the engine's
-    start; later calls (a full-weight sync, ``weight_sync.py``) load the weights they are given. Components the
-    engine streams through ``load_weights`` besides the transformers (FLUX.2-dev's Mistral encoder, HunyuanVideo-1.5's
-    ByT5 glyph encoder: the tiny ones on disk) still load from their files, else they would keep uninitialized
-    memory; the transformers' sources are dropped, their folders hold a config and no weight file."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        sources = getattr(self, "weights_sources", [])
-        others = [s for s in sources if not (s.subfolder or "").startswith("transformer")]
-        self._streams_others = bool(others)
-        if others:
-            self.weights_sources = others
-
-    def load_weights(self, weights) -> set[str]:
-        if getattr(self, "_random_filled", False):
-            return super().load_weights(weights)
-        self._random_filled = True
-        if self._streams_others:
-            super().load_weights(weights)
-        # the model's own loader, given no weights, still sets what it exposes on the way (Qwen-Image's
-        # ``stacked_params_mapping``, from which vLLM-Omni's LoRA manager learns the fused q/k/v layers)
-        own_loader = getattr(self.transformer, "load_weights", None)
-        if own_loader is not None:
-            own_loader(iter(()))
-        fill_random_(self.transformer)
-        return {name for name, _ in self.named_parameters()}
-
-
-class RandomLogProbQwenImagePipeline(RandomWeightsMixin, QwenImageLogProbPipeline):
-    """The rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockQwenImagePipeline(RandomWeightsMixin, QwenImagePipeline):
-    """vLLM-Omni's own Qwen-Image pipeline on the same random weights."""
-
-
-class RandomLogProbSD3Pipeline(RandomWeightsMixin, SD3LogProbPipeline):
-    """The SD3 rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockSD3Pipeline(RandomWeightsMixin, StableDiffusion3Pipeline):
-    """vLLM-Omni's own SD3 pipeline on the same random weights."""
-
-
-class RandomLogProbWan22Pipeline(RandomWeightsMixin, Wan22LogProbPipeline):
-    """The Wan2.2 rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockWan22Pipeline(RandomWeightsMixin, Wan22Pipeline):
-    """vLLM-Omni's own Wan2.2 pipeline on the same random weights."""
-
-
-class RandomLogProbFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinLogProbPipeline):
-    """The FLUX.2-klein rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockFlux2KleinPipeline(RandomWeightsMixin, Flux2KleinPipeline):
-    """vLLM-Omni's own FLUX.2-klein pipeline on the same random weights."""
-
-
-class RandomLogProbFlux2Pipeline(RandomWeightsMixin, Flux2LogProbPipeline):
-    """The FLUX.2-dev rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockFlux2Pipeline(RandomWeightsMixin, Flux2Pipeline):
-    """vLLM-Omni's own FLUX.2-dev pipeline on the same random weights."""
-
-
-class RandomLogProbHunyuanVideo15Pipeline(RandomWeightsMixin, HunyuanVideo15LogProbPipeline):
-    """The HunyuanVideo-1.5 rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockHunyuanVideo15Pipeline(RandomWeightsMixin, HunyuanVideo15Pipeline):
-    """vLLM-Omni's own HunyuanVideo-1.5 pipeline on the same random weights."""
-
-
-class RandomLogProbLTX2Pipeline(RandomWeightsMixin, LTX2LogProbPipeline):
-    """The LTX-2 rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockLTX2Pipeline(RandomWeightsMixin, LTX2Pipeline):
-    """vLLM-Omni's own LTX-2 pipeline on the same random weights."""
-
-
-class RandomLogProbQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditLogProbPipeline):
-    """The Qwen-Image-Edit rollout's log-prob pipeline on random full-size weights."""
-
-
-class RandomStockQwenImageEditPipeline(RandomWeightsMixin, QwenImageEditPipeline):
-    """vLLM-Omni's own Qwen-Image-Edit pipeline on the same random weights."""
-
-
 def write_full_size_model_dir(out: Path, builder: str = "qwen_image") -> Path:
     """A diffusers Qwen-Image directory (``builder="qwen_image_edit"``: Qwen-Image-Edit, whose transformer is
     Qwen-Image's): tiny text side (and vision tower), full-size random VAE, full-size transformer config only."""
@@ -410,8 +282,9 @@ def write_full_size_sd3_dir(out: Path) -> Path:
 
 def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
     """A diffusers Wan2.2 directory: tiny UMT5 text side, the full-size transformer's config only (``builder``
-    ``"wan2_2"``: TI2V-5B with the full-size random Wan2.2 VAE; ``"wan2_2_a14b"``: both A14B experts, the tiny
-    Wan2.1 VAE kept, as the A14B is benchmarked in the replay only, which reads no VAE). The transformer's
+    ``"wan2_2"``: TI2V-5B with the full-size random Wan2.2 VAE; ``"wan2_2_a14b"``, ``"wan2_2_i2v_a14b"``: both A14B
+    experts, the tiny Wan2.1 VAE kept: the replay reads no VAE, and the I2V rollout's encode and decode are then a
+    small part of both engines' time alike, so the ratio is the two denoising loops'). The transformer's
     ``text_dim`` is the tiny encoder's; the prompt keeps its 512 padded tokens, so the cross-attention costs what it
     costs with UMT5-XXL (only the text projection shrinks)."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel

@@ -440,7 +440,7 @@ def main(argv=None) -> dict:
     sys.path.insert(0, str(HERE))
     log_prob_pipeline = stock_pipeline = None
     if args.full_size:
-        from random_weights import LOG_PROB_PIPELINE, STOCK_PIPELINE
+        from random_pipelines import LOG_PROB_PIPELINE, STOCK_PIPELINE
 
         log_prob_pipeline, stock_pipeline = LOG_PROB_PIPELINE, STOCK_PIPELINE
     seconds: dict[tuple[str, float], float] = {}

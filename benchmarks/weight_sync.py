@@ -131,7 +131,7 @@ def start_engine(args, model_path: Path, gpu: int | None):
 
     extra = {}
     if args.full_size:
-        from random_weights import LOG_PROB_PIPELINE
+        from random_pipelines import LOG_PROB_PIPELINE
 
         extra = {"custom_pipeline": LOG_PROB_PIPELINE, "enforce_eager": True}
     engine = OmniRolloutEngine(str(model_path), dtype=args.dtype, max_batch_requests=1, **extra)
