@@ -24,6 +24,19 @@ def replay_batch_fn(model, args, expert: str | None = None):
 
     adapter = model.load_adapter()
 
+    def video_latents(config, spec, batch, vae_scale_factor, device, scheduler):
+        """A video's recorded latents ``[batch, 2, C, F', h, w]`` and their per-sample shape, the scheduler set to
+        their schedule: F' = (F - 1) / frame_multiple + 1 latent frames, h = H / s, w = W / s."""
+        shape = (
+            config.out_channels,
+            (spec.num_frames - 1) // adapter.frame_multiple + 1,
+            spec.height // vae_scale_factor,
+            spec.width // vae_scale_factor,
+        )
+        latents = torch.randn(batch, 2, *shape, device=device)
+        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(latents[:, 0]))
+        return shape, latents
+
     def sd3(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
         cells = (spec.height // (2 * vae_scale_factor)) * (spec.width // (2 * vae_scale_factor))
         prepare_scheduler(adapter, scheduler, spec, cells)
@@ -56,14 +69,7 @@ def replay_batch_fn(model, args, expert: str | None = None):
     def wan(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
         # latents [C, F', h, w]: F' = (F - 1)/4 + 1 latent frames, h = H/s, w = W/s (s: 16 for TI2V-5B, 8 for A14B)
         config = module.transformer.config if expert else module.config
-        shape = (
-            config.out_channels,
-            (spec.num_frames - 1) // adapter.frame_multiple + 1,
-            spec.height // vae_scale_factor,
-            spec.width // vae_scale_factor,
-        )
-        latents = torch.randn(batch, 2, *shape, device=device)
-        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(latents[:, 0]))
+        shape, latents = video_latents(config, spec, batch, vae_scale_factor, device, scheduler)
         timesteps = scheduler.timesteps
         if expert:
             high = adapter.high_noise(timesteps)
@@ -85,14 +91,7 @@ def replay_batch_fn(model, args, expert: str | None = None):
     def hunyuan_video(module, spec, batch, text_len, vae_scale_factor, device, scheduler) -> dict:
         # latents [C, F', h, w] (4 frames and 16 pixels per latent cell), two masked prompt streams
         config = module.config
-        shape = (
-            config.out_channels,
-            (spec.num_frames - 1) // adapter.frame_multiple + 1,
-            spec.height // vae_scale_factor,
-            spec.width // vae_scale_factor,
-        )
-        latents = torch.randn(batch, 2, *shape, device=device)
-        prepare_scheduler(adapter, scheduler, spec, adapter.schedule_seq_len(latents[:, 0]))
+        _, latents = video_latents(config, spec, batch, vae_scale_factor, device, scheduler)
         mask = torch.zeros(batch, text_len, dtype=torch.long, device=device)
         mask[:, :HYV_PROMPT_TOKENS] = 1
         streams = {

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 pytestmark = pytest.mark.slow
 
@@ -55,23 +54,13 @@ def tiny_path(model_name, tiny_model):
 @pytest.fixture(scope="module")
 def lora_dir(tiny_path, tmp_path_factory):
     """A checkpoint's ``lora/`` directory of a random LoRA on the adapter's default targets."""
-    from peft import LoraConfig
+    from diffusers_helpers import random_lora_module
 
     from verl_omni.pipelines.model_base import get_model_adapter
     from verl_omni.workers.engine.fsdp.checkpoint import ADAPTER_NAME, gather_lora_state_dict, save_lora_dir
 
     adapter = get_model_adapter(tiny_path)
-    module = adapter.build_module(tiny_path)
-    torch.manual_seed(0)
-    module.add_adapter(
-        LoraConfig(
-            r=4,
-            lora_alpha=8,
-            target_modules=list(adapter.lora_target_modules),
-            exclude_modules=adapter.lora_exclude_modules,
-            init_lora_weights=False,
-        )
-    )
+    module = random_lora_module(adapter, tiny_path)
     directory = tmp_path_factory.mktemp("ckpt") / "lora"
     save_lora_dir(adapter, directory, gather_lora_state_dict(module), module.peft_config[ADAPTER_NAME].to_dict())
     return directory
