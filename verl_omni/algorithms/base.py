@@ -151,7 +151,8 @@ class AlgorithmLoss:
     in :attr:`metric_reductions` (a metric not declared there is averaged) and reports it as ``actor/<name>``.
 
     Class attributes:
-        metric_reductions (`Mapping[str, str]`): metric name -> one of :data:`REDUCTIONS`.
+        metric_reductions (`Mapping[str, str]`): metric name -> one of :data:`REDUCTIONS`: every metric the loss may
+            report; an instance narrows it to those its configuration reports (each declared metric is logged).
         first_epoch_metrics (`tuple[str]`): metrics meaningful only before the first optimizer step of an
             update (e.g. the gap to the rollout's log-probs); later epochs drop them.
     """

@@ -66,6 +66,12 @@ class FlowGRPOLoss(AlgorithmLoss):
     # max |log π_θ − log π_old| compares with the rollout only before the first optimizer step
     first_epoch_metrics = ("logprob_diff_max",)
 
+    def __init__(self, actor_config, algorithm_config):
+        super().__init__(actor_config, algorithm_config)
+        # the policy term reports the share it clipped or the share of weights it capped, never both
+        unreported = "pg_clipfrac" if actor_config.rollout_is_truncated else "is_truncated_frac"
+        self.metric_reductions = {k: v for k, v in type(self).metric_reductions.items() if k != unreported}
+
     @property
     def required_keys(self) -> tuple[str, ...]:
         actor = self.actor_config
