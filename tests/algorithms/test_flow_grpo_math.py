@@ -168,3 +168,21 @@ def test_zero_std_groups_marks_groups_of_equal_rewards_exactly_and_counts_their_
     assert zero_std_groups(torch.tensor([1.0, 0.0]), ["a", "a"])[1] == 0.0
     with pytest.raises(ValueError, match="index"):
         zero_std_groups(scores, uids[:3])
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_the_flow_grpo_loss_reports_exactly_the_metrics_it_declares_for_its_rollout_correction(loss_type):
+    from types import SimpleNamespace
+
+    from verl_omni.workers.config.actor import DiffusionActorConfig, RolloutCorrectionConfig
+
+    actor = DiffusionActorConfig(
+        use_rollout_log_probs=True, rollout_correction=RolloutCorrectionConfig(loss_type=loss_type)
+    )
+    algorithm = get_algorithm("flow_grpo")
+    loss_fn = algorithm.build_loss(actor, algorithm.config_cls())
+    batch = {"rollout_log_probs": torch.zeros(3, 2), "advantages": torch.tensor([1.0, -1.0, 0.5])}
+    replayed = SimpleNamespace(log_prob=torch.full((3,), 1e-3), prev_sample_mean=None, std_dev_t=None)
+    _, metrics = loss_fn(replayed, batch, step=0)
+    assert set(metrics) == set(loss_fn.metric_reductions)
+    assert ("is_truncated_frac" in metrics) == (loss_type == "reinforce") != ("pg_clipfrac" in metrics)
