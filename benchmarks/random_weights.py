@@ -283,8 +283,9 @@ def write_full_size_sd3_dir(out: Path) -> Path:
 def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
     """A diffusers Wan2.2 directory: tiny UMT5 text side, the full-size transformer's config only (``builder``
     ``"wan2_2"``: TI2V-5B with the full-size random Wan2.2 VAE; ``"wan2_2_a14b"``, ``"wan2_2_i2v_a14b"``: both A14B
-    experts, the tiny Wan2.1 VAE kept: the replay reads no VAE, and the I2V rollout's encode and decode are then a
-    small part of both engines' time alike, so the ratio is the two denoising loops'). The transformer's
+    experts with the full-size random Wan2.1 VAE, diffusers' ``AutoencoderKLWan`` defaults: its 16 latent channels
+    are what the experts take in, and the I2V experts' 36 are its 16 noisy and 16 source-image channels with the
+    4-frame mask, so a tiny VAE's channels would not fit them). The transformer's
     ``text_dim`` is the tiny encoder's; the prompt keeps its 512 padded tokens, so the cross-attention costs what it
     costs with UMT5-XXL (only the text projection shrinks)."""
     from diffusers import AutoencoderKLWan, WanTransformer3DModel
@@ -300,10 +301,8 @@ def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
         with torch.device("meta"):
             transformer = WanTransformer3DModel(**{**config, "text_dim": int(text_config["d_model"])})
         transformer.save_config(out / sub)
-    if builder == "wan2_2":
-        for stale in (out / "vae").iterdir():
-            stale.unlink()
-        AutoencoderKLWan(**WAN22_VAE).to(torch.bfloat16).save_pretrained(out / "vae")
+    vae = AutoencoderKLWan(**WAN22_VAE) if builder == "wan2_2" else AutoencoderKLWan()
+    vae.to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
     return out
 
 
