@@ -161,7 +161,9 @@ def fwd_bwd(
     """One replayed step and the backward of its log-prob (``forward_only``: under ``no_grad``, no backward).
     ``autocast=False``: the inputs reach the model as they are (``--fsdp``: FSDP2 casts them, as in the engine)."""
     enabled = autocast and dtype != torch.float32
-    with torch.autocast(batch["all_latents"].device.type, dtype=dtype, enabled=enabled):
+    # no autocast context at all when off: the meta device (a FLOP count without memory) has none
+    cast = torch.autocast(batch["all_latents"].device.type, dtype=dtype) if enabled else nullcontext()
+    with cast:
         with torch.no_grad() if forward_only else nullcontext():
             out = replay_step(adapter, model, scheduler, batch, 0, spec, vae_scale_factor)
     if not forward_only:

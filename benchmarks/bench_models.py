@@ -316,7 +316,8 @@ FULL_SIZE_TRANSFORMER = {
 
 def full_size_transformer(model: BenchModel, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The released architecture with its released text width and :func:`random_weights.fill_random_` weights, built
-    in ``dtype`` on ``device`` (made in fp32 first, a 14 B expert would need 56 GB before its cast)."""
+    in ``dtype`` on ``device`` (made in fp32 first, a 14 B expert would need 56 GB before its cast; on ``meta``, which
+    holds no values, shapes only: the FLOP count's)."""
     import diffusers
     import random_weights as rw
 
@@ -328,7 +329,8 @@ def full_size_transformer(model: BenchModel, device: torch.device, dtype: torch.
             module = getattr(diffusers, cls_name)(**getattr(rw, config_name)).to(dtype)
     finally:
         torch.set_default_dtype(previous)
-    rw.fill_random_(module)
+    if device.type != "meta":
+        rw.fill_random_(module)
     return module
 
 

@@ -17,7 +17,11 @@ batches in ``bench_replay_batches.py``). One run, two parts:
   sampled): the actor's unit of work (one recorded transition: velocity with the model's guidance,
   SDE step, log-prob, backward into a LoRA of the recipe's rank; gradient checkpointing on, as the engine's
   default), samples/s, seconds per sample and peak GPU memory per micro-batch, and its TFLOP/s as a
-  fraction of the measured matmul ceiling (``actor_throughput.py``'s loop).
+  fraction of the measured matmul ceiling (``actor_throughput.py``'s loop). Its FLOPs are counted on one more
+  step on the device; where that count runs out of memory (or with ``--meta-flop-count``), on ``meta`` (below);
+* **flops** (not run by default; no GPU needed, ``--full-size`` included): the FLOPs of one replayed sample, counted
+  with the module on the ``meta`` device (``meta_flops.py``: shapes only, no memory), per expert, and per step of
+  each micro-batch. It is the device's count (checked on FLUX.2-dev), for a replay whose own count could not run.
 
 Full size (``--full-size``, CUDA): the released transformer architecture and VAE with random bf16 weights
 (``random_weights.py``: no weight file; the tiny text encoders), the replay on the released architecture with
@@ -31,6 +35,7 @@ one JSON object, also written to ``$OUT/<model>_throughput.json`` when ``OUT`` i
     python benchmarks/model_throughput.py --model wan2_2_a14b --full-size --parts replay  # A14B, 832x480x33
     python benchmarks/model_throughput.py --model wan2_2 --full-size --parts rollout --frames 81 --ulysses 1 2
     python benchmarks/model_throughput.py --model hunyuan_video_1_5 --full-size --frames 121  # the launcher's video
+    python benchmarks/model_throughput.py --model hunyuan_video_1_5 --full-size --parts flops  # on a CPU too
 
 ``--ulysses 1 2`` times the rollout part at each sequence-parallel degree (both engines split alike over that many
 GPUs): ours / stock per degree, and each degree's speed-up per GPU over the first.
@@ -72,7 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=sorted(MODELS), default="sd3")
     p.add_argument("--full-size", action="store_true", help="released architecture, random bf16 weights, CUDA")
-    p.add_argument("--parts", nargs="+", choices=("rollout", "replay"), help="default: both (the model's)")
+    p.add_argument(
+        "--parts", nargs="+", choices=("rollout", "replay", "flops"), help="default: rollout and replay (the model's)"
+    )
     p.add_argument("--n", type=int, help="samples per prompt (one request; default the model's)")
     p.add_argument("--steps", type=int, help="denoising steps (default the model's)")
     p.add_argument("--size", help="HxW or a square side in pixels (default the model's)")
@@ -101,6 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--no-flop-count", action="store_true", help="replay: skip the extra FLOP-counting step (no TFLOP/s)"
     )
+    p.add_argument(
+        "--meta-flop-count",
+        action="store_true",
+        help="replay: count the FLOPs on the meta device (meta_flops.py) instead of in an extra step on the device",
+    )
     p.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
     p.add_argument(
         "--profile",
@@ -111,8 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", help="write the JSON result here (default $OUT/<model>_throughput.json when OUT is set)")
     args = p.parse_args(argv)
     args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.full_size and args.device != "cuda":
-        p.error("--full-size needs a CUDA device")
+    if args.full_size and args.device != "cuda" and args.parts != ["flops"]:
+        p.error("--full-size needs a CUDA device (but for --parts flops)")
     model = MODELS[args.model]
     defaults = model.full if args.full_size else model.tiny
     if args.size:
@@ -128,7 +140,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--condition-area: --model {args.model} takes no source image")
     args.condition_area = args.condition_area or defaults.get("condition_area")
     args.parts = args.parts or [part for part, has in (("rollout", model.rollout), ("replay", model.lora)) if has]
-    if "replay" in args.parts and not model.lora:
+    if {"replay", "flops"} & set(args.parts) and not model.lora:
         p.error(f"--model {args.model} has no replay part here (rollout only)")
     if "rollout" in args.parts and not model.rollout:
         p.error(f"--model {args.model} has no rollout part here (--parts replay)")
@@ -313,13 +325,12 @@ def rollout_part(args, model_path: Path) -> dict:
     return result
 
 
-def replay_part(args, model_path: Path) -> dict:
+def replay_setting(args, model_path: Path):
+    """The replay's sampling spec, scheduler and pixels per latent cell (and ``args.text_len``, the batches')."""
     from verl_omni.pipelines.sampling import SamplingSpec
 
     model = MODELS[args.model]
     adapter = model.load_adapter()
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if args.full_size else torch.float32
     spec = SamplingSpec(
         num_inference_steps=args.steps,
         height=args.height,
@@ -328,10 +339,52 @@ def replay_part(args, model_path: Path) -> dict:
         noise_level=0.7,
         true_cfg_scale=model.cfg,
     )
-    module = build_replay_model(model, args, model_path, device, dtype)
     scheduler = adapter.build_scheduler(model_path)
     vae_scale = FULL_SIZE_VAE_SCALE[args.model] if args.full_size else adapter.vae_scale_factor(model_path)
     args.text_len = REPLAY_TEXT_LEN[args.model]
+    return spec, scheduler, vae_scale
+
+
+def meta_flops_per_sample(args, model_path: Path) -> dict:
+    """FLOPs of one replayed sample, per expert (``None``: the one transformer), counted with the replay's module
+    and batches on the ``meta`` device (``meta_flops.py``); kept on ``args``, counted once a run."""
+    if getattr(args, "meta_flops", None) is None:
+        from meta_flops import META, count_replay_flops, meta_batch
+
+        model = MODELS[args.model]
+        adapter = model.load_adapter()
+        spec, scheduler, vae_scale = replay_setting(args, model_path)
+        module = build_replay_model(model, args, model_path, META, torch.float32)
+        args.meta_flops = {}
+        for expert in model.experts or (None,):
+            batch = meta_batch(replay_batch_fn(model, args, expert), module, spec, args.text_len, vae_scale, scheduler)
+            args.meta_flops[expert] = count_replay_flops(module, scheduler, batch, spec, vae_scale, adapter)
+            logger.info(
+                "FLOPs of one replayed sample%s, counted on meta: %d",
+                f" ({expert})" if expert else "",
+                args.meta_flops[expert],
+            )
+    return args.meta_flops
+
+
+def flops_part(args, model_path: Path) -> dict:
+    """The FLOPs of one replayed sample (per expert) and of a step of each micro-batch, counted on ``meta``."""
+    per_sample = meta_flops_per_sample(args, model_path)
+    rows = [
+        {"micro_batch": mb, "flops_per_sample": flops, "flops": mb * flops} | ({"expert": expert} if expert else {})
+        for mb in args.micro_batches
+        for expert, flops in per_sample.items()
+    ]
+    return {"counted_on": "meta", "rows": rows}
+
+
+def replay_part(args, model_path: Path) -> dict:
+    model = MODELS[args.model]
+    adapter = model.load_adapter()
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.full_size else torch.float32
+    spec, scheduler, vae_scale = replay_setting(args, model_path)
+    module = build_replay_model(model, args, model_path, device, dtype)
     ceiling = matmul_ceiling_tflops(device, dtype, 8192 if device.type == "cuda" else 1024)
     rows = []
     for micro_batch, expert in [(mb, e) for mb in args.micro_batches for e in model.experts or (None,)]:
@@ -349,7 +402,7 @@ def replay_part(args, model_path: Path) -> dict:
                 dtype,
                 adapter,
                 batch_fn,
-                count=not args.no_flop_count,
+                count=not (args.no_flop_count or args.meta_flop_count),
             )
         except torch.OutOfMemoryError as error:
             # the memory recipe's answer for this size: record it and go on with the next micro-batch
@@ -360,6 +413,10 @@ def replay_part(args, model_path: Path) -> dict:
             continue
         if expert:
             row["expert"] = expert
+        if row["flops"] is None and not args.no_flop_count:
+            # the device's count ran out of memory (or was not asked for): the same count on meta
+            row["flops"] = micro_batch * meta_flops_per_sample(args, model_path)[expert]
+            row["tflops"], row["flops_counted_on"] = row["flops"] / row["step_s"] / 1e12, "meta"
         row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
         row["s_per_sample"] = row["step_s"] / micro_batch
         rows.append(row)
@@ -413,6 +470,8 @@ def main(argv=None) -> dict:
             result["rollout"] = rollout_part(args, model_path)
         if "replay" in args.parts:
             result["replay"] = replay_part(args, model_path)
+        if "flops" in args.parts:
+            result["flops"] = flops_part(args, model_path)
         result["wall_s"] = round(time.perf_counter() - start, 1)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -71,3 +71,42 @@ def test_benchmark_reports_the_ratio_to_stock_and_the_replay_row(model, tmp_path
             assert flops[0] > 1.5 * flops[1]
     # $OUT gets the same JSON the last stdout line carries
     assert json.loads((tmp_path / f"{model}_throughput.json").read_text()) == json.loads(json.dumps(result))
+
+
+# the two models whose replay reads values: HunyuanVideo-1.5's prompt masks reorder its tokens, the I2V-A14B's
+# timesteps pick the expert
+@pytest.mark.parametrize("model", ["hunyuan_video_1_5", "wan2_2_i2v_a14b"])
+def test_the_flop_count_on_meta_is_the_count_on_real_tensors(model, tmp_path):
+    """``--parts flops`` counts on the meta device what the replay's own count counts on real tensors: the tiny
+    model both ways, attention as SDPA's math path in both (the CPU's fused attention kernel has no FLOP formula, so
+    the real count could not see the fused one); per expert, the A14B's two differing in depth."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from verl_omni.utils.tiny_models import build_tiny_model
+
+    bench = _load_benchmark()
+    from actor_throughput import count_flops
+    from bench_models import MODELS, build_replay_model
+    from bench_replay_batches import replay_batch_fn
+    from meta_flops import META, count_replay_flops, meta_batch
+
+    args = bench.parse_args(["--model", model, "--parts", "flops"])
+    entry, cpu = MODELS[model], torch.device("cpu")
+    model_path = build_tiny_model(entry.builder, tmp_path / model, seed=0)
+    spec, scheduler, vae_scale = bench.replay_setting(args, model_path)
+    adapter = entry.load_adapter()
+    real = build_replay_model(entry, args, model_path, cpu, torch.float32)
+    on_meta = build_replay_model(entry, args, model_path, META, torch.float32)
+    counts = []
+    for expert in entry.experts or (None,):
+        batch_fn = replay_batch_fn(entry, args, expert)
+        batch = batch_fn(real, spec, 1, args.text_len, vae_scale, cpu, scheduler)
+        with sdpa_kernel(SDPBackend.MATH):
+            real_count = count_flops(real, scheduler, batch, spec, vae_scale, torch.float32, adapter, False, False)
+        shaped = meta_batch(batch_fn, on_meta, spec, args.text_len, vae_scale, scheduler)
+        meta_count = count_replay_flops(on_meta, scheduler, shaped, spec, vae_scale, adapter, fused_attention=False)
+        assert meta_count == real_count > 0
+        counts.append(meta_count)
+    if entry.experts:
+        assert counts[0] > 1.5 * counts[1]
