@@ -79,6 +79,16 @@ NEW_MODELS_GPU = EvidenceRun(
 )
 
 
+# one H200 at full size (random weights): the rollout against stock vLLM-Omni's and the LoRA replay of the models
+# measured there; their tiny bf16 rollout against the replay is NEW_MODELS_GPU's run
+FULL_SIZE_H200 = EvidenceRun(
+    "benchmarks/results/models_gpu.md",
+    "FLUX.2-dev, HunyuanVideo-1.5, LTX-2 and Wan2.2 I2V-A14B at full size on one H200 (2026-11-29)",
+    "full size (random weights): the rollout against stock vLLM-Omni's and the LoRA replay; the tiny model's bf16 "
+    "rollout against its replay in gpu_tests.md",
+)
+
+
 def rollout_engine(tiny: str) -> EvidenceTest:
     return EvidenceTest(ROLLOUT_ENGINE, "test_images_finite_log_probs_and_the_adapters_conditioning", tiny)
 
@@ -219,7 +229,7 @@ MODELS: dict[str, Model] = {
             "trainer": trainer_run("flux2"),
             "lora_diffusers": diffusers_lora("flux2"),
             "lora_stock": stock_serving("flux2"),
-            "gpu": NEW_MODELS_GPU,
+            "gpu": FULL_SIZE_H200,
         },
     ),
     "Flux2KleinTrainingAdapter": Model(
@@ -303,7 +313,7 @@ MODELS: dict[str, Model] = {
             "sequence_parallel": split_replay("wan2_2_i2v_a14b"),
             "source_images": source_image("wan2_2_i2v_a14b"),
             "video": rollout_engine("wan2_2_i2v_a14b"),
-            "gpu": NEW_MODELS_GPU,
+            "gpu": FULL_SIZE_H200,
         },
     ),
     "LTX2TrainingAdapter": Model(
@@ -317,14 +327,14 @@ MODELS: dict[str, Model] = {
             "lora_diffusers": trainer_run("ltx2"),
             "lora_stock": stock_serving("ltx2"),
             "video": rollout_engine("ltx2"),
-            "gpu": NEW_MODELS_GPU,
+            "gpu": FULL_SIZE_H200,
         },
     ),
     "HunyuanVideo15TrainingAdapter": Model(
         "HunyuanVideo-1.5 (text to video)",
         {
             **diffusers_family("hunyuan_video_1_5"),
-            "gpu": NEW_MODELS_GPU,
+            "gpu": FULL_SIZE_H200,
             # the run's summary loads the trained LoRA into diffusers' pipeline (its transformer's load_lora_adapter)
             # and it changes the video
             "lora_diffusers": trainer_run("hunyuan_video_1_5"),
