@@ -21,7 +21,8 @@ batches in ``bench_replay_batches.py``). One run, two parts:
   step on the device; where that count runs out of memory (or with ``--meta-flop-count``), on ``meta`` (below);
 * **flops** (not run by default; no GPU needed, ``--full-size`` included): the FLOPs of one replayed sample, counted
   with the module on the ``meta`` device (``meta_flops.py``: shapes only, no memory), per expert, and per step of
-  each micro-batch. It is the device's count (checked on FLUX.2-dev), for a replay whose own count could not run.
+  each micro-batch. It is a CUDA device's own count (equal on FLUX.2-dev), for a replay whose count could not run
+  there (a CPU's count of real tensors leaves out its fused attention kernel, which has no FLOP formula).
 
 Full size (``--full-size``, CUDA): the released transformer architecture and VAE with random bf16 weights
 (``random_weights.py``: no weight file; the tiny text encoders), the replay on the released architecture with
