@@ -31,6 +31,22 @@ def test_patches_apply_on_the_installed_vllm_omni_and_only_once():
     assert isinstance(multiproc_executor.mp, forked_workers.ForkedWorkerStart)
 
 
+def test_a_custom_ops_native_forward_runs_uncompiled():
+    """vLLM compiles an off-by-default custom op's native forward with inductor (the text encoders' ``SiluAndMul``):
+    on CPU, with the patch, the op keeps the plain function and computes what it documents."""
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    cpu_patches.apply_all()
+    with set_current_vllm_config(VllmConfig()):
+        op = SiluAndMul()
+    # a compiled forward is a wrapper carrying the function's name, not the function
+    assert op._forward_method is SiluAndMul.forward_native
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(op(x), torch.nn.functional.silu(x[:, :4]) * x[:, 4:])
+
+
 def _report_worker_start(queue) -> None:
     """A stand-in worker main: runs parallel-sized torch ops and reports how it was started."""
     import multiprocessing

@@ -181,6 +181,28 @@ def patch_sdpa_dispatch() -> None:
     logger.info("verl_omni CPU patch applied: SDPAImpl.forward")
 
 
+def _native_forward_uncompiled(self, fn, *, enable: bool = True):
+    """The native forward as it is: on CPU the op runs eagerly."""
+    return fn
+
+
+def patch_custom_op_compile() -> None:
+    """Gap: vLLM 0.26 ``CustomOp.maybe_compile`` (the vLLM that vLLM-Omni 0.26 runs on) ``torch.compile``s the native
+    forward of every custom op that is off by default (``SiluAndMul`` in the Mistral, Qwen and Gemma text encoders of
+    FLUX.2, HunyuanVideo-1.5 and LTX-2) with the platform's inductor backend, although vLLM-Omni's CPU platform
+    declares no inductor support (``supports_torch_inductor``) and so compiles no transformer. On a CPU inductor
+    builds C++ with the system compiler at each engine start and checks the machine's vector extensions by loading
+    test libraries in fresh interpreters that import torch: seconds of CPU per start for an activation function.
+    Patched: the native forward is kept uncompiled. Remove once vLLM asks the platform before compiling custom ops."""
+    if "custom_op_compile" in _applied:
+        return
+    from vllm.model_executor.custom_op import CustomOp
+
+    CustomOp.maybe_compile = _native_forward_uncompiled
+    _applied.add("custom_op_compile")
+    logger.info("verl_omni CPU patch applied: CustomOp.maybe_compile")
+
+
 # ---- engine start: warm-up at the configured size, waits bounded by our setting ----------------
 
 # The ``additional_config`` entry (vLLM's per-platform settings dict, carried into the engine's
@@ -344,6 +366,7 @@ PATCHES = {
     "output_ready_wait": patch_output_ready_wait,
     "batch_output_split": patch_batch_output_split,
     "sdpa_dispatch": patch_sdpa_dispatch,
+    "custom_op_compile": patch_custom_op_compile,
     "engine_warmup": patch_engine_warmup,
     "forked_workers": patch_forked_workers,
 }
