@@ -223,17 +223,10 @@ def write_full_size_model_dir(out: Path, builder: str = "qwen_image") -> Path:
     from verl_omni.utils.tiny_models import build_tiny_model
 
     build_tiny_model(builder, out, seed=0, dtype="bfloat16")
-    text_config = json.loads((out / "text_encoder" / "config.json").read_text())
-    text_hidden = int(text_config.get("text_config", text_config).get("hidden_size", text_config.get("hidden_size")))
-    transformer_dir = out / "transformer"
-    for stale in transformer_dir.iterdir():
-        stale.unlink()
     # diffusers' defaults are the released architecture; the config is all the engine reads
-    with torch.device("meta"):
-        transformer = QwenImageTransformer2DModel(joint_attention_dim=text_hidden)
-    transformer.save_config(transformer_dir)
-    vae = AutoencoderKLQwenImage().to(torch.bfloat16)
-    vae.save_pretrained(out / "vae")
+    text = {"joint_attention_dim": _hidden_size(out / "text_encoder" / "config.json")}
+    _write_config_only(out / "transformer", QwenImageTransformer2DModel, **text)
+    _write_random(out / "vae", AutoencoderKLQwenImage())
     return out
 
 
@@ -260,23 +253,13 @@ def write_full_size_sd3_dir(out: Path) -> Path:
     from verl_omni.utils.tiny_models import build_tiny_model
 
     build_tiny_model("sd3", out, seed=0, dtype="bfloat16")
-    t5 = json.loads((out / "text_encoder_3" / "config.json").read_text())
-    clip_l = json.loads((out / "text_encoder" / "config.json").read_text())
-    clip_g = json.loads((out / "text_encoder_2" / "config.json").read_text())
     text = {
-        "joint_attention_dim": int(t5["d_model"]),
-        "pooled_projection_dim": int(clip_l["projection_dim"]) + int(clip_g["projection_dim"]),
+        "joint_attention_dim": _hidden_size(out / "text_encoder_3" / "config.json", "d_model"),
+        "pooled_projection_dim": _hidden_size(out / "text_encoder" / "config.json", "projection_dim")
+        + _hidden_size(out / "text_encoder_2" / "config.json", "projection_dim"),
     }
-    transformer_dir = out / "transformer"
-    for stale in transformer_dir.iterdir():
-        stale.unlink()
-    with torch.device("meta"):
-        transformer = SD3Transformer2DModel(**{**SD35_MEDIUM_TRANSFORMER, **text})
-    transformer.save_config(transformer_dir)
-    vae_dir = out / "vae"
-    for stale in vae_dir.iterdir():
-        stale.unlink()
-    AutoencoderKL(**SD3_VAE).to(torch.bfloat16).save_pretrained(vae_dir)
+    _write_config_only(out / "transformer", SD3Transformer2DModel, **{**SD35_MEDIUM_TRANSFORMER, **text})
+    _write_random(out / "vae", AutoencoderKL(**SD3_VAE))
     return out
 
 
@@ -294,15 +277,10 @@ def write_full_size_wan_dir(out: Path, builder: str = "wan2_2") -> Path:
 
     config, components = WAN_FULL_SIZE[builder]
     build_tiny_model(builder, out, seed=0, dtype="bfloat16")
-    text_config = json.loads((out / "text_encoder" / "config.json").read_text())
+    text = {"text_dim": _hidden_size(out / "text_encoder" / "config.json", "d_model")}
     for sub in components:
-        for stale in (out / sub).iterdir():
-            stale.unlink()
-        with torch.device("meta"):
-            transformer = WanTransformer3DModel(**{**config, "text_dim": int(text_config["d_model"])})
-        transformer.save_config(out / sub)
-    vae = AutoencoderKLWan(**WAN22_VAE) if builder == "wan2_2" else AutoencoderKLWan()
-    vae.to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+        _write_config_only(out / sub, WanTransformer3DModel, **{**config, **text})
+    _write_random(out / "vae", AutoencoderKLWan(**WAN22_VAE) if builder == "wan2_2" else AutoencoderKLWan())
     return out
 
 
@@ -311,6 +289,19 @@ def _clear(component: Path) -> Path:
     for stale in component.iterdir():
         stale.unlink()
     return component
+
+
+def _write_config_only(component: Path, model_cls, **config) -> None:
+    """``model_cls(**config)``'s config alone in ``component``, in place of the tiny one: built on ``meta``, so no
+    weights are made (the benchmark fills them on the GPU)."""
+    with torch.device("meta"):
+        model = model_cls(**config)
+    model.save_config(_clear(component))
+
+
+def _write_random(component: Path, model) -> None:
+    """``model`` with its random initial weights, in bf16, in place of ``component``'s tiny one."""
+    model.to(torch.bfloat16).save_pretrained(_clear(component))
 
 
 def _hidden_size(config_file: Path, key: str = "hidden_size") -> int:
@@ -332,10 +323,8 @@ def write_full_size_flux2_dir(out: Path, builder: str = "flux2_klein_distilled")
     build_tiny_model(builder, out, seed=0, dtype="bfloat16")
     config = FLUX2_DEV_TRANSFORMER if builder == "flux2" else FLUX2_KLEIN_4B_TRANSFORMER
     text = {"joint_attention_dim": 3 * _hidden_size(out / "text_encoder" / "config.json")}
-    with torch.device("meta"):
-        transformer = Flux2Transformer2DModel(**{**config, **text})
-    transformer.save_config(_clear(out / "transformer"))
-    AutoencoderKLFlux2().to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+    _write_config_only(out / "transformer", Flux2Transformer2DModel, **{**config, **text})
+    _write_random(out / "vae", AutoencoderKLFlux2())
     return out
 
 
@@ -352,10 +341,8 @@ def write_full_size_hunyuan_video_1_5_dir(out: Path) -> Path:
         "text_embed_dim": _hidden_size(out / "text_encoder" / "config.json"),
         "text_embed_2_dim": _hidden_size(out / "text_encoder_2" / "config.json", "d_model"),
     }
-    with torch.device("meta"):
-        transformer = HunyuanVideo15Transformer3DModel(**{**HYV15_480P_T2V_TRANSFORMER, **text})
-    transformer.save_config(_clear(out / "transformer"))
-    AutoencoderKLHunyuanVideo15().to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
+    _write_config_only(out / "transformer", HunyuanVideo15Transformer3DModel, **{**HYV15_480P_T2V_TRANSFORMER, **text})
+    _write_random(out / "vae", AutoencoderKLHunyuanVideo15())
     return out
 
 
@@ -370,10 +357,8 @@ def write_full_size_ltx2_dir(out: Path) -> Path:
 
     build_tiny_model("ltx2", out, seed=0, dtype="bfloat16")
     text = {"caption_channels": _hidden_size(out / "connectors" / "config.json", "caption_channels")}
-    with torch.device("meta"):
-        transformer = LTX2VideoTransformer3DModel(**{**LTX2_TRANSFORMER, **text})
-    transformer.save_config(_clear(out / "transformer"))
-    AutoencoderKLLTX2Video(**LTX2_VIDEO_VAE).to(torch.bfloat16).save_pretrained(_clear(out / "vae"))
-    AutoencoderKLLTX2Audio().to(torch.bfloat16).save_pretrained(_clear(out / "audio_vae"))
-    LTX2Vocoder().to(torch.bfloat16).save_pretrained(_clear(out / "vocoder"))
+    _write_config_only(out / "transformer", LTX2VideoTransformer3DModel, **{**LTX2_TRANSFORMER, **text})
+    _write_random(out / "vae", AutoencoderKLLTX2Video(**LTX2_VIDEO_VAE))
+    _write_random(out / "audio_vae", AutoencoderKLLTX2Audio())
+    _write_random(out / "vocoder", LTX2Vocoder())
     return out
