@@ -77,3 +77,34 @@ def test_compiled_transformer_blocks_replay_and_train_like_eager(
     figure("grad_norm_eager", eager_grad, ".4e")
     torch.testing.assert_close(compiled_lp, eager_lp, rtol=0, atol=2e-3)
     assert abs(compiled_grad - eager_grad) <= 0.05 * eager_grad
+
+
+def test_reference_pass_first_then_update_on_the_rollout_log_probs(
+    cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+):
+    """With π_old taken from the rollout (``actor.use_rollout_log_probs``) and a KL term, the reference pass is the
+    engine's first forward, run with the adapter disabled. FSDP2 takes each unit's gradient dtypes from the
+    parameters that train at that first forward: the update must still hand the fp32 adapter fp32 gradients under
+    the default bf16 compute (a reference pass that froze the adapter made every unit refuse them)."""
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    actor = build_actor(
+        tiny_qwen_image_path,
+        lora_init=False,
+        engine_kwargs={"model_dtype": "bf16"},
+        ppo_mini_batch_size=4,
+        kl_beta=0.1,
+        use_rollout_log_probs=True,
+    )
+    batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    batch["ref_prev_sample_mean"] = actor.compute_ref_prev_sample_mean(batch, spec)
+    batch["rollout_log_probs"] = rec["rollout_log_probs"]
+    lora_b = {n: p for n, p in actor.engine.module.named_parameters() if "lora_B" in n}
+    before = {n: p.detach().full_tensor().clone() for n, p in lora_b.items()}
+    metrics = actor.update_policy(batch, spec)
+    figure("grad_norm_reference_first", metrics["actor/grad_norm"], ".4e")
+    assert 0 < metrics["actor/grad_norm"] < float("inf")
+    assert all(p.dtype == torch.float32 for p in lora_b.values())
+    assert any(not torch.equal(before[n], lora_b[n].detach().full_tensor()) for n in before)

@@ -445,7 +445,14 @@ class DiffusersFSDPEngine(FSDPEngine):
         """The reference policy (of the KL term, or Diffusion-DPO's): LoRA switched off, or (full fine-tuning) the
         frozen base copy; yields the module that computes it."""
         if self._is_lora:
+            trained = [param for param in self.module.parameters() if param.requires_grad]
             self.module.disable_adapters()
+            # peft's disable also freezes the adapter (requires_grad off), and FSDP2 picks each unit's gradient dtypes
+            # from the trainable parameters it sees at its first forward: when the reference pass is that first
+            # forward (π_old taken from the rollout, no old_log_prob phase), every unit would take none and hand the
+            # fp32 adapter bf16 gradients. The disabled adapter is skipped in the forward either way.
+            for param in trained:
+                param.requires_grad_(True)
             try:
                 yield self.module
             finally:
