@@ -20,7 +20,8 @@ not what is timed). FLOPs do not depend on the weights.
 
 ``--recipe sd3`` runs ``run_sd3_ocr_lora.sh`` instead (the Flow-GRPO paper's SD3.5 recipe) on SD3.5 Medium's
 full-size transformer (2.5 B, random weights) with the authors' one-GPU batch (8 images per prompt, mini-batch
-32, micro-batch 8); add ``actor_rollout_ref.model.lora.rank=0`` for its full fine-tuning step.
+32, micro-batch 8); add ``actor_rollout_ref.model.lora.rank=0 actor_rollout_ref.model.lora.merge=false`` for its full
+fine-tuning step.
 """
 
 from __future__ import annotations
@@ -148,8 +149,16 @@ def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
 
 
 def steady_state(rows: list[dict], warmup_steps: int) -> dict:
-    """The median step after the compile steps, with each phase's median, as one summary row."""
-    steady = [row for row in rows if row["step"] > warmup_steps and "step_s" in row]
+    """The median step after the compile steps, with each phase's median, as one summary row.
+
+    With π_old taken from the rollout (``actor.use_rollout_log_probs``) and its check every K steps
+    (``actor.rollout_log_prob_check_freq``), the steps that ran the check carry an ``old_log_prob`` phase the others
+    skip: the median is over the others (the rate between checks), and the check steps are listed with their median
+    apart, so a K-step average can be formed from both.
+    """
+    after = [row for row in rows if row["step"] > warmup_steps and "step_s" in row]
+    checked = [row for row in after if "old_log_prob_s" in row]
+    steady = [row for row in after if "old_log_prob_s" not in row] if 0 < len(checked) < len(after) else after
     if not steady:
         return {"steady_steps": 0}
     summary = {"steady_steps": len(steady), "first_steady_step": steady[0]["step"]}
@@ -158,6 +167,9 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
         if values:
             summary[f"{phase}_s"] = round(statistics.median(values), 2)
     summary["img_per_gpu_s"] = round(rows[0]["images"] / rows[0]["gpus"] / summary["step_s"], 3)
+    if steady is not after:
+        summary["check_steps"] = [row["step"] for row in checked]
+        summary["check_step_s"] = round(statistics.median(row["step_s"] for row in checked), 2)
     print("[recipe] steady state " + json.dumps(summary), flush=True)
     return summary
 

@@ -1,0 +1,50 @@
+"""The recipe benchmark's steady state: the median step after the compile steps, check steps apart.
+
+The rows are the shape ``report`` makes from a run's ``metrics.jsonl``; the trainer itself needs a GPU for this
+benchmark, so the rows are written here.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "flowgrpo_recipe_step.py"
+
+
+@pytest.fixture(scope="module")
+def recipe_step():
+    spec = importlib.util.spec_from_file_location("flowgrpo_recipe_step", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["flowgrpo_recipe_step"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(step: int, step_s: float, old_log_prob_s: float | None = None) -> dict:
+    row = {"step": step, "images": 64, "gpus": 1, "gen_s": 11.0, "step_s": step_s}
+    if old_log_prob_s is not None:
+        row["old_log_prob_s"] = old_log_prob_s
+    return row
+
+
+def test_the_median_leaves_out_the_compile_steps(recipe_step):
+    rows = [_row(1, 220.0, 30.0), _row(2, 50.0, 20.0), _row(3, 46.0, 20.0), _row(4, 48.0, 20.0)]
+    summary = recipe_step.steady_state(rows, warmup_steps=1)
+    assert summary["steady_steps"] == 3 and summary["first_steady_step"] == 2
+    assert summary["step_s"] == 48.0 and summary["img_per_gpu_s"] == round(64 / 48.0, 3)
+    assert "check_steps" not in summary
+
+
+def test_steps_that_ran_the_rollout_log_prob_check_are_summarised_apart(recipe_step):
+    # π_old from the rollout, checked at step 4: steps 2 and 3 skip the old_log_prob phase
+    rows = [_row(1, 221.0), _row(2, 45.0), _row(3, 46.8), _row(4, 79.2, 34.4)]
+    summary = recipe_step.steady_state(rows, warmup_steps=1)
+    assert summary["steady_steps"] == 2 and summary["step_s"] == 45.9
+    assert "old_log_prob_s" not in summary
+    assert summary["check_steps"] == [4] and summary["check_step_s"] == 79.2
+
+
+def test_no_step_after_the_compile_steps(recipe_step):
+    assert recipe_step.steady_state([_row(1, 220.0)], warmup_steps=2) == {"steady_steps": 0}
