@@ -1,24 +1,14 @@
 """The actor benchmark runs end to end on the tiny model and counts the replay's FLOPs."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "actor_throughput.py"
-
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("actor_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from benchmark_scripts import load_benchmark
 
 
 @pytest.mark.slow  # the actor's update over four variant x micro-batch runs plus a profiled one: a trainer run
 def test_actor_throughput_reports_every_micro_batch(tmp_path, tiny_qwen_image_path):
-    actor_throughput = _load_benchmark()
+    actor_throughput = load_benchmark("actor_throughput")
 
     out = tmp_path / "bench.json"
     argv = ["--model-path", str(tiny_qwen_image_path), "--micro-batches", "1", "2", "--size", "32", "--cfg", "4"]
@@ -45,4 +35,4 @@ def test_compiled_variant_must_come_last():
     import pytest
 
     with pytest.raises(SystemExit):
-        _load_benchmark().parse_args(["--variants", "compiled", "batched"])
+        load_benchmark("actor_throughput").parse_args(["--variants", "compiled", "batched"])

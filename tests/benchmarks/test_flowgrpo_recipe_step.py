@@ -4,22 +4,13 @@ The rows are the shape ``report`` makes from a run's ``metrics.jsonl``; the trai
 benchmark, so the rows are written here.
 """
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "flowgrpo_recipe_step.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def recipe_step():
-    spec = importlib.util.spec_from_file_location("flowgrpo_recipe_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["flowgrpo_recipe_step"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("flowgrpo_recipe_step")
 
 
 def _row(step: int, step_s: float, old_log_prob_s: float | None = None) -> dict:

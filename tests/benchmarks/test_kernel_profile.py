@@ -5,23 +5,15 @@ kernel names are ones an H100 trace of the rollout shows (cuBLASLt, FlashAttenti
 """
 
 import gzip
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_profile.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def kernel_profile():
-    spec = importlib.util.spec_from_file_location("kernel_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_profile"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("kernel_profile")
 
 
 @pytest.mark.parametrize(

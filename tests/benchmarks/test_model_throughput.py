@@ -1,23 +1,11 @@
 """The model benchmark's smoke mode runs end to end on each tiny model: both engines, the ratio, the replay rows."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "model_throughput.py"
+from benchmark_scripts import load_benchmark
 
 pytestmark = pytest.mark.slow
-
-
-def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("model_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["model_throughput"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 REPLAY_ONLY = ("wan2_2_a14b",)
@@ -46,7 +34,7 @@ META_COUNTED = ("hunyuan_video_1_5", "wan2_2_i2v_a14b")
 def test_benchmark_reports_the_ratio_to_stock_and_the_replay_row(model, tmp_path, monkeypatch):
     monkeypatch.setenv("OUT", str(tmp_path))
     argv = ["--model", model, "--n", "2", "--repeats", "1", "--micro-batches", "1", "--warmup", "0", "--iters", "1"]
-    result = _load_benchmark().main(argv + (["--meta-flop-count"] if model in META_COUNTED else []))
+    result = load_benchmark("model_throughput").main(argv + (["--meta-flop-count"] if model in META_COUNTED else []))
 
     if model in REPLAY_ONLY:
         # replay only: no engine serves the two experts here
@@ -91,7 +79,7 @@ def test_the_flop_count_on_meta_is_the_count_on_real_tensors(model, tmp_path):
 
     from verl_omni.utils.tiny_models import build_tiny_model
 
-    bench = _load_benchmark()
+    bench = load_benchmark("model_throughput")
     from actor_throughput import count_flops
     from bench_models import MODELS, build_replay_model
     from bench_replay_batches import replay_batch_fn
