@@ -158,7 +158,9 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
     """
     after = [row for row in rows if row["step"] > warmup_steps and "step_s" in row]
     checked = [row for row in after if "old_log_prob_s" in row]
-    steady = [row for row in after if "old_log_prob_s" not in row] if 0 < len(checked) < len(after) else after
+    # every step has the phase when the actor recomputes π_old each step: nothing to set apart then
+    checks_apart = 0 < len(checked) < len(after)
+    steady = [row for row in after if "old_log_prob_s" not in row] if checks_apart else after
     if not steady:
         return {"steady_steps": 0}
     summary = {"steady_steps": len(steady), "first_steady_step": steady[0]["step"]}
@@ -167,7 +169,7 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
         if values:
             summary[f"{phase}_s"] = round(statistics.median(values), 2)
     summary["img_per_gpu_s"] = round(rows[0]["images"] / rows[0]["gpus"] / summary["step_s"], 3)
-    if steady is not after:
+    if checks_apart:
         summary["check_steps"] = [row["step"] for row in checked]
         summary["check_step_s"] = round(statistics.median(row["step_s"] for row in checked), 2)
     print("[recipe] steady state " + json.dumps(summary), flush=True)
