@@ -321,9 +321,10 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
 
     def _rollout_log_prob_check_due(self, batch: DataProto) -> bool:
         """In bypass (the loss divides by the rollout's log-probs), whether this step replays the batch anyway to
-        log how far the actor is from the rollout (``actor.rollout_log_prob_check_freq``)."""
+        log how far the actor is from the rollout (``actor.rollout_log_prob_check_freq``): the run's first step, so a
+        rollout that does not match the actor shows before the loss has trained on its ratios, then every N-th."""
         freq = self.configs.actor.rollout_log_prob_check_freq
-        return freq > 0 and self.global_steps % freq == 0 and "rollout_log_probs" in batch.batch.keys()
+        return freq > 0 and (self.global_steps - 1) % freq == 0 and "rollout_log_probs" in batch.batch.keys()
 
     def _old_policy_request(self, batch: DataProto) -> DataProto:
         """The actor's input for the old policy's replay: the current weights, the ones that sampled the batch."""
