@@ -131,6 +131,7 @@ def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
         for key in (
             "old_log_prob/rollout_diff_max",
             "actor/logprob_diff_max",
+            "actor/is_truncated_frac",
             "actor/grad_norm",
             "critic/score/mean",
             "rollout/engine_batches",

@@ -13,23 +13,39 @@
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
 # used memory are sampled every 2 s while the run lives (all processes: the actor and the colocated rollout);
 # each call prints their peaks so far.
+# Two runs side by side on a host of two GPUs (each its own Ray, one GPU each; the second reads the checkpoint the
+# first writes, once it is written): TAG names a run's files, SHARE_MODEL_OF the run whose checkpoint to wait for.
+#   CUDA_VISIBLE_DEVICES=0 START=1 TAG=a WAIT=5 bash scripts/device/recipe_in_background.sh [overrides of a]
+#   CUDA_VISIBLE_DEVICES=1 START=1 TAG=b SHARE_MODEL_OF=a WAIT=500 bash scripts/device/recipe_in_background.sh [...]
+#   TAG=a WAIT=540 bash scripts/device/recipe_in_background.sh; TAG=b WAIT=5 bash scripts/device/recipe_in_background.sh
 set -uo pipefail
-log=/tmp/recipe.log
-memlog=/tmp/recipe_gpu_memory.csv
+run=/tmp/recipe${TAG:+_$TAG}
+log=$run.log
+memlog=${run}_gpu_memory.csv
 if [ -n "${START:-}" ]; then
   recipe=${RECIPE:-qwen_image}
-  setsid nohup python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" --write-model \
-    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --gpus "${GPUS:-1}" --out /tmp/recipe --json /tmp/recipe.json "$@" > "$log" 2>&1 < /dev/null &
-  echo $! > /tmp/recipe.pid
+  write=--write-model
+  wait_for=""
+  if [ -n "${SHARE_MODEL_OF:-}" ]; then
+    write=""
+    wait_for=/tmp/recipe_$SHARE_MODEL_OF.log
+  fi
+  # $0 of the inner shell: the log whose "wrote" line this run waits for (none: start at once; nor once its run is gone)
+  setsid nohup bash -c 'until [ -z "$0" ] || grep -qs "^\[recipe\] wrote" "$0" || ! kill -0 "$(cat "${0%.log}.pid")"; do
+    sleep 5; done; exec "$@"' "$wait_for" \
+    python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" $write \
+    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --gpus "${GPUS:-1}" --out "$run" --json "$run.json" "$@" \
+    > "$log" 2>&1 < /dev/null &
+  echo $! > "$run.pid"
   rm -f "$memlog"
-  setsid nohup bash -c "while kill -0 $(cat /tmp/recipe.pid) 2> /dev/null; do
+  setsid nohup bash -c "while kill -0 $(cat "$run.pid") 2> /dev/null; do
     echo \$(free -m | awk '/^Mem/ {print \$3}'),\$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | paste -sd,) >> $memlog
     sleep 2; done" > /dev/null 2>&1 < /dev/null &
   sleep 5
 fi
 end=$((SECONDS + ${WAIT:-540}))
 while [ $SECONDS -lt $end ]; do
-  if grep -q "trainer process:" "$log" || ! kill -0 "$(cat /tmp/recipe.pid)" 2> /dev/null; then break; fi
+  if grep -q "trainer process:" "$log" || ! kill -0 "$(cat "$run.pid")" 2> /dev/null; then break; fi
   sleep 10
 done
 grep -E "^\[recipe\]|^step:[0-9]+ " "$log" | cut -c1-300 | tail -8
@@ -41,6 +57,6 @@ awk -F, '{for (i = 1; i <= NF; i++) if ($i + 0 > peak[i]) peak[i] = $i + 0} END 
   printf "peak so far: host memory used %d MiB; GPU memory used (MiB):", peak[1]
   for (i = 2; i <= NF; i++) printf " %d", peak[i]; print ""}' "$memlog" 2> /dev/null
 cp "$memlog" "${OUT:-/tmp}/" 2> /dev/null
-tail -c 15000000 "$log" > "${OUT:-/tmp}/recipe.log"
-cp /tmp/recipe.json "${OUT:-/tmp}/" 2> /dev/null && grep '^{' "$log" | tail -4
+tail -c 15000000 "$log" > "${OUT:-/tmp}/$(basename "$log")"
+cp "$run.json" "${OUT:-/tmp}/" 2> /dev/null && grep '^{' "$log" | tail -4
 exit 0
