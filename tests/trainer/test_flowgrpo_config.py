@@ -67,6 +67,15 @@ BAD_CONFIGS = [
     ),
     (["algorithm=grpo_guard", "actor_rollout_ref.actor.use_rollout_log_probs=true"], "use_rollout_log_probs=false"),
     (["actor_rollout_ref.model.lora.rank=0", "actor_rollout_ref.model.lora.merge=true"], "model.lora.merge=false"),
+    (["actor_rollout_ref.model.gradient_checkpointing_fraction=0"], "enable_gradient_checkpointing=false"),
+    (["actor_rollout_ref.model.gradient_checkpointing_fraction=1.5"], r"gradient_checkpointing_fraction .* got 1.5"),
+    (
+        [
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            "actor_rollout_ref.model.gradient_checkpointing_fraction=0.5",
+        ],
+        "set it true, or leave the fraction 1.0",
+    ),
     (
         ["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"],
         "checkpoint_engine.update_weights_bucket_megabytes",

@@ -69,6 +69,8 @@ TWO_RANK_ARGS = (
     "actor_rollout_ref.actor.use_rollout_log_probs=true",
     # bypass, with the actor's replay checked against the rollout's log-probs at the first step only
     f"actor_rollout_ref.actor.rollout_log_prob_check_freq={STEPS}",
+    # half the blocks keep their activations through the FSDP2 backward of both ranks (the engine's path for the key)
+    "actor_rollout_ref.model.gradient_checkpointing_fraction=0.5",
 )
 
 

@@ -78,6 +78,11 @@ class DiffusionModelConfig(BaseConfig):
         model_type (str): engine registry key; ``"diffusion_model"`` selects ``DiffusersFSDPEngine``.
         lora (DiffusionLoraConfig): LoRA settings.
         enable_gradient_checkpointing (bool): recompute each transformer block in backward.
+        gradient_checkpointing_fraction (float): with ``enable_gradient_checkpointing``, the share of the transformer's
+            blocks recomputed in backward, spread evenly (1.0: all); the others keep their activations from the
+            forward, which saves their recompute and costs their activation memory. In (0, 1]: no checkpointing at all
+            is ``enable_gradient_checkpointing=false``. Below 1 it needs a diffusers transformer (its
+            ``enable_gradient_checkpointing`` takes a checkpointing function; the engine refuses other models).
         enable_activation_offload (bool): offload checkpointed activations to host (verl's helper).
         compile_transformer_blocks (bool): ``torch.compile`` the forward of each FSDP-wrapped transformer block of
             the trained module (regional compilation: one graph reused by every block, the FSDP hooks and the
@@ -95,6 +100,7 @@ class DiffusionModelConfig(BaseConfig):
     model_type: str = "diffusion_model"
     lora: DiffusionLoraConfig = field(default_factory=DiffusionLoraConfig)
     enable_gradient_checkpointing: bool = True
+    gradient_checkpointing_fraction: float = 1.0
     enable_activation_offload: bool = False
     compile_transformer_blocks: bool = False
     use_remove_padding: bool = False
@@ -110,6 +116,17 @@ class DiffusionModelConfig(BaseConfig):
             raise ValueError(str(error)) from error
         if self.use_remove_padding:
             raise ValueError("model.use_remove_padding must be False for diffusion models")
+        fraction = self.gradient_checkpointing_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+            raise ValueError(
+                f"model.gradient_checkpointing_fraction must be a number in (0, 1], got {fraction!r}; for no "
+                "checkpointing at all set model.enable_gradient_checkpointing=false"
+            )
+        if fraction < 1 and not self.enable_gradient_checkpointing:
+            raise ValueError(
+                f"model.gradient_checkpointing_fraction={fraction} is the share of blocks recomputed when "
+                "model.enable_gradient_checkpointing=true, which is false here: set it true, or leave the fraction 1.0"
+            )
         if isinstance(self.lora, dict):
             raise TypeError("model.lora must be a DiffusionLoraConfig (convert YAML with omega_conf_to_dataclass)")
 

@@ -58,6 +58,7 @@ from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
 from verl_omni.workers.engine.fsdp.idle_units import gather_every_unit_once
+from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
 from verl_omni.workers.engine.fsdp.recompute_cast import cast_inputs_on_recompute
 from verl_omni.workers.engine.fsdp.sequence_group import (
     agree_rng_state,
@@ -197,7 +198,11 @@ class DiffusersFSDPEngine(FSDPEngine):
         module = self.adapter.build_module(self.model_config.path, dtype=dtype)
         self.module_class = type(module)
         self._split_sequence(module)
-        if self.model_config.enable_gradient_checkpointing:
+        fraction = self.model_config.gradient_checkpointing_fraction
+        if self.model_config.enable_gradient_checkpointing and fraction < 1:
+            count = checkpoint_share_of_blocks(module, self.adapter.fsdp_wrap_blocks, fraction)
+            logger.info("gradient checkpointing on %d blocks (model.gradient_checkpointing_fraction=%g)", count, fraction)
+        elif self.model_config.enable_gradient_checkpointing:
             module.enable_gradient_checkpointing()
         if not self._is_lora:
             module.requires_grad_(True)
