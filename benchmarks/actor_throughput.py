@@ -17,11 +17,18 @@ weights on CUDA, LoRA r=64, 512x512 images.
 after the other) and ``compiled`` (batched, each transformer block's forward compiled as the engine's
 ``model.compile_transformer_blocks`` does; last, since compiling cannot be undone). ``--fsdp`` runs the
 replay as the engine does: FSDP2's mixed precision casts the inputs, no autocast.
+
+``--checkpoint-fractions`` and ``--reshard-after-forward`` measure memory against recompute side by side at each
+micro-batch, on the same model: the share of blocks recomputed in the backward (``model.gradient_checkpointing_fraction``;
+each row's FLOPs are counted as that row runs, so a row that recomputes less counts fewer), and whether FSDP2 gathers
+the parameters again for the backward (``actor.engine.reshard_after_forward``; on one rank the gather is a copy of
+every parameter).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import tempfile
@@ -67,6 +74,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--no-gradient-checkpointing", action="store_true")
     p.add_argument(
+        "--checkpoint-fractions",
+        type=float,
+        nargs="+",
+        default=None,
+        help="shares of the blocks recomputed in backward, one row each (default: all, or none with the flag above)",
+    )
+    p.add_argument(
+        "--reshard-after-forward",
+        choices=("true", "false"),
+        nargs="+",
+        default=["true"],
+        help="with --fsdp: FSDP2's reshard_after_forward, one row each",
+    )
+    p.add_argument(
         "--variants",
         nargs="+",
         choices=VARIANTS,
@@ -82,6 +103,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="write the results as JSON here")
     p.add_argument("--profile", default=None, help="write a kernel-time breakdown of the largest micro-batch here")
     args = p.parse_args(argv)
+    if args.reshard_after_forward != ["true"] and not args.fsdp:
+        p.error("--reshard-after-forward needs --fsdp")
     if "compiled" in args.variants[:-1]:
         p.error("--variants: 'compiled' must come last (compiling the blocks cannot be undone)")
     return args
@@ -128,6 +151,16 @@ def shard_like_engine(model, device: torch.device, dtype: torch.dtype) -> None:
     for block in model.transformer_blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
+
+
+def set_checkpointing(model, fraction: float) -> None:
+    """Recompute ``fraction`` of the blocks in the backward, as the engine's ``model.gradient_checkpointing_fraction``."""
+    from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
+
+    if fraction > 0:
+        checkpoint_share_of_blocks(model, ADAPTER.fsdp_wrap_blocks, fraction)
+    else:
+        model.disable_gradient_checkpointing()
 
 
 def make_batch(model, spec: SamplingSpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
@@ -331,15 +364,35 @@ def main(argv=None) -> list[dict]:
         model, vae_scale_factor = build_transformer(args, model_path, device, dtype)
     ceiling = matmul_ceiling_tflops(device, dtype, 8192 if device.type == "cuda" else 1024)
     logger.info("device %s, %s, matmul ceiling %.4g TFLOP/s", device, dtype, ceiling)
+    meta = {
+        "device": str(device),
+        "dtype": str(dtype),
+        "size": size,
+        "matmul_ceiling_tflops": ceiling,
+        "fsdp": args.fsdp,
+        "forward_only": args.forward_only,
+        "cfg": args.cfg,
+    }
     results, flops = [], {}
+    default_fraction = 0.0 if args.no_gradient_checkpointing else 1.0
+    settings = [
+        (fraction, reshard == "true")
+        for fraction in args.checkpoint_fractions or [default_fraction]
+        for reshard in args.reshard_after_forward
+    ]
     for variant in args.variants:
         if variant == "compiled":
             from verl_omni.workers.engine.fsdp.diffusers_impl import compile_blocks
 
             logger.info("compiled the forward of %d blocks", compile_blocks(model, ADAPTER.fsdp_wrap_blocks))
-        for micro_batch in args.micro_batches:
-            # the variants compute the same replay: its FLOPs are counted once per micro-batch, eagerly
-            count = micro_batch not in flops and variant != "compiled"
+        for micro_batch, (fraction, reshard) in itertools.product(args.micro_batches, settings):
+            set_checkpointing(model, fraction)
+            if args.fsdp:
+                model.set_reshard_after_forward(reshard)
+            # the variants compute the same replay: its FLOPs are counted once per micro-batch and share of blocks
+            # recomputed, eagerly
+            key = (micro_batch, fraction)
+            count = key not in flops and variant != "compiled"
             row = measure(
                 model,
                 scheduler,
@@ -355,33 +408,28 @@ def main(argv=None) -> list[dict]:
                 forward_only=args.forward_only,
             )
             if count:
-                flops[micro_batch] = row["flops"]
-            counted = flops.get(micro_batch)
-            row["variant"] = variant
+                flops[key] = row["flops"]
+            counted = flops.get(key)
+            row.update(variant=variant, checkpoint_fraction=fraction, reshard_after_forward=reshard)
             row["tflops"] = None if counted is None else counted / row["step_s"] / 1e12
             # no TFLOP/s when the FLOP count ran out of memory (count_flops)
             row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
             results.append(row)
+            if args.out:  # after each row: a later setting that runs out of memory keeps the ones before
+                Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
             logger.info(
-                "%s, micro-batch %d: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, "
+                "%s, micro-batch %d, %.2f of the blocks recomputed, reshard after forward %s: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, "
                 "peak %s GiB",
                 variant,
                 micro_batch,
+                fraction,
+                reshard,
                 row["samples_per_s"],
                 row["step_s"],
                 row["tflops"],
                 row["fraction_of_matmul_ceiling"],
                 row["peak_memory_gb"],
             )
-    meta = {
-        "device": str(device),
-        "dtype": str(dtype),
-        "size": size,
-        "matmul_ceiling_tflops": ceiling,
-        "fsdp": args.fsdp,
-        "forward_only": args.forward_only,
-        "cfg": args.cfg,
-    }
     if args.profile:
         largest = max(args.micro_batches)
         meta["profile"] = profile_step(
