@@ -56,9 +56,9 @@ from verl_omni.pipelines.model_base import SDE_WINDOW, get_model_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
+from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
 from verl_omni.workers.engine.fsdp.idle_units import gather_every_unit_once
-from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
 from verl_omni.workers.engine.fsdp.recompute_cast import cast_inputs_on_recompute
 from verl_omni.workers.engine.fsdp.sequence_group import (
     agree_rng_state,
@@ -201,7 +201,9 @@ class DiffusersFSDPEngine(FSDPEngine):
         fraction = self.model_config.gradient_checkpointing_fraction
         if self.model_config.enable_gradient_checkpointing and fraction < 1:
             count = checkpoint_share_of_blocks(module, self.adapter.fsdp_wrap_blocks, fraction)
-            logger.info("gradient checkpointing on %d blocks (model.gradient_checkpointing_fraction=%g)", count, fraction)
+            logger.info(
+                "gradient checkpointing on %d blocks (model.gradient_checkpointing_fraction=%g)", count, fraction
+            )
         elif self.model_config.enable_gradient_checkpointing:
             module.enable_gradient_checkpointing()
         if not self._is_lora:
