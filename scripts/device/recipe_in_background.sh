@@ -8,6 +8,8 @@
 #   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
 # A later call needs no setup_stack.sh (it runs no Python). Keep WAIT plus the set-up's ~20 s under the call's
 # limit: a call cut by its limit returns nothing of what it printed (the run itself goes on).
+# WARMUP=K leaves the first K steps (the compile steps) out of the steady state (default 2; the actor's blocks recompile
+# once more at the first step whose text length differs from the first's, which can be step 3).
 # RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe); GPUS=N runs it on N GPUs
 # of the host (N actor ranks and N colocated replicas; set PROMPTS=8N for the one-GPU per-GPU load).
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
@@ -34,7 +36,8 @@ if [ -n "${START:-}" ]; then
   setsid nohup bash -c 'until [ -z "$0" ] || grep -qs "^\[recipe\] wrote" "$0" || ! kill -0 "$(cat "${0%.log}.pid")"; do
     sleep 5; done; exec "$@"' "$wait_for" \
     python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" $write \
-    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --gpus "${GPUS:-1}" --out "$run" --json "$run.json" "$@" \
+    --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --warmup-steps "${WARMUP:-2}" --gpus "${GPUS:-1}" \
+    --out "$run" --json "$run.json" "$@" \
     > "$log" 2>&1 < /dev/null &
   echo $! > "$run.pid"
   rm -f "$memlog"
