@@ -33,7 +33,7 @@ if [ -n "${START:-}" ]; then
     wait_for=/tmp/recipe_$SHARE_MODEL_OF.log
   fi
   # $0 of the inner shell: the log whose "wrote" line this run waits for (none: start at once; nor once its run is gone)
-  setsid nohup bash -c 'until [ -z "$0" ] || grep -qs "^\[recipe\] wrote" "$0" || ! kill -0 "$(cat "${0%.log}.pid")"; do
+  setsid nohup bash -c 'until [ -z "$0" ] || grep -qs "^\[recipe\] wrote" "$0" || ! kill -0 "$(cat "${0%.log}.pid")" 2> /dev/null; do
     sleep 5; done; exec "$@"' "$wait_for" \
     python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" $write \
     --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --warmup-steps "${WARMUP:-2}" --gpus "${GPUS:-1}" \
