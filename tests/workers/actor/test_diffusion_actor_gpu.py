@@ -108,3 +108,40 @@ def test_reference_pass_first_then_update_on_the_rollout_log_probs(
     assert 0 < metrics["actor/grad_norm"] < float("inf")
     assert all(p.dtype == torch.float32 for p in lora_b.values())
     assert any(not torch.equal(before[n], lora_b[n].detach().full_tensor()) for n in before)
+
+
+def test_compiled_blocks_take_a_new_text_length_without_recompiling(
+    cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+):
+    """The compiled blocks' shapes are symbolic from the first compile: a later step whose prompts are longer (here
+    the same prompts padded by masked tokens) replays with the graphs it has, and gives the same log-probs."""
+    from torch._dynamo.utils import counters
+
+    from verl_omni.pipelines.sampling import SamplingSpec
+
+    rec = recorded_qwen_image_batch[1]
+    spec = SamplingSpec(**rec["spec"])
+    actor = build_actor(
+        tiny_qwen_image_path,
+        model_kwargs={"compile_transformer_blocks": True},
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        infer_micro_batch_size_per_gpu=4,
+    )
+    batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+    actor.update_policy(batch, spec)
+    graphs = counters["stats"]["unique_graphs"]
+    longer = batch.clone()
+    for key in ("prompt_embeds", "negative_prompt_embeds"):
+        longer[key] = torch.cat([batch[key], torch.zeros_like(batch[key][:, :3])], dim=1)
+        longer[f"{key}_mask"] = torch.cat([batch[f"{key}_mask"], torch.zeros_like(batch[f"{key}_mask"][:, :3])], dim=1)
+    padded = actor.compute_log_prob(longer, spec)
+    repeated = actor.compute_log_prob(batch, spec)
+    longer["old_log_probs"] = padded
+    actor.update_policy(longer, spec)
+    figure("compiled_graphs_after_first_update", graphs, "d")
+    figure("compiled_graphs_added_by_the_longer_text", counters["stats"]["unique_graphs"] - graphs, "d")
+    figure("logprob_diff_padded_vs_unpadded_text", (padded - repeated).abs().max().item())
+    assert counters["stats"]["unique_graphs"] == graphs, "a new text length recompiled the blocks"
+    torch.testing.assert_close(padded, repeated, rtol=0, atol=2e-3)

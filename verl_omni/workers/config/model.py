@@ -87,8 +87,8 @@ class DiffusionModelConfig(BaseConfig):
         compile_transformer_blocks (bool): ``torch.compile`` the forward of each FSDP-wrapped transformer block of
             the trained module (regional compilation: one graph reused by every block, the FSDP hooks and the
             gradient checkpointing around it left eager). Fuses the elementwise kernels between the GEMMs
-            (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step of each micro-batch shape
-            pays the compile. Off by default (CPU runs and tests would pay the compile for nothing);
+            (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step pays the compile, with the
+            shapes symbolic so that later text lengths and micro-batch sizes reuse its graphs. Off by default (CPU runs and tests would pay the compile for nothing);
             ``docs/perf.md`` has its measured effect on the replay.
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """

@@ -128,12 +128,15 @@ def compile_blocks(module: torch.nn.Module, block_classes) -> int:
         raise ValueError(
             f"model.compile_transformer_blocks found no block of classes {sorted(names)} in {type(module).__name__}"
         )
-    # one graph per (grad mode, LoRA on or off for the reference, input shapes: the update's and the forward-only
-    # micro-batches, each step's text length until dynamo makes it dynamic): more than dynamo's default of 8, past
-    # which dynamo silently runs the blocks eager again
+    # a few graphs per grad mode and LoRA state (on, or off for the reference) and more if a shape specializes; past
+    # dynamo's default limit of 8 it would silently run the blocks eager again
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT)
     for block in blocks:
-        block.forward = torch.compile(block.forward)
+        # shapes symbolic from the first compile: the text length changes from step to step and the forward-only
+        # micro-batch differs from the update's; compiled static, the blocks recompile at the first step whose text
+        # length differs from the first step's (step 3 of the OCR recipe), a late compile step that a run's steady
+        # state then includes; the symbolic graphs the recipe ran after that recompile were as fast as static ones
+        block.forward = torch.compile(block.forward, dynamic=True)
     return len(blocks)
 
 
