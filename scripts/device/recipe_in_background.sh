@@ -8,8 +8,8 @@
 #   WAIT=560 bash scripts/device/recipe_in_background.sh                              # each later call
 # A later call needs no setup_stack.sh (it runs no Python). Keep WAIT plus the set-up's ~20 s under the call's
 # limit: a call cut by its limit returns nothing of what it printed (the run itself goes on).
-# WARMUP=K leaves the first K steps (the compile steps) out of the steady state (default 2; the actor's blocks recompile
-# once more at the first step whose text length differs from the first's, which can be step 3).
+# WARMUP=K leaves the first K steps (the compile steps) out of the steady state (default 2: the actor compiles in step 1,
+# the rollout again in step 2, its first engine batch of all the step's requests).
 # RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe); GPUS=N runs it on N GPUs
 # of the host (N actor ranks and N colocated replicas; set PROMPTS=8N for the one-GPU per-GPU load).
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
