@@ -48,6 +48,21 @@ def test_bf16_compute_on_cuda_trains_with_finite_gradients(
     assert 0 < metrics["actor/grad_norm"] < float("inf")
 
 
+def actor_with_forward_only_micro_batches(model_path, rec, spec, compiled: bool):
+    """An actor whose forward-only micro-batches (4) are larger than the update's (2), and the recorded batch with
+    its π_old replayed: the shapes a compiled block sees in a run."""
+    actor = build_actor(
+        model_path,
+        model_kwargs={"compile_transformer_blocks": compiled},
+        ppo_mini_batch_size=4,
+        ppo_micro_batch_size_per_gpu=2,
+        infer_micro_batch_size_per_gpu=4,
+    )
+    batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+    return actor, batch
+
+
 def test_compiled_transformer_blocks_replay_and_train_like_eager(
     cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
@@ -59,15 +74,7 @@ def test_compiled_transformer_blocks_replay_and_train_like_eager(
     spec = SamplingSpec(**rec["spec"])
     results = {}
     for compiled in (False, True):
-        actor = build_actor(
-            tiny_qwen_image_path,
-            model_kwargs={"compile_transformer_blocks": compiled},
-            ppo_mini_batch_size=4,
-            ppo_micro_batch_size_per_gpu=2,
-            infer_micro_batch_size_per_gpu=4,
-        )
-        batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-        batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+        actor, batch = actor_with_forward_only_micro_batches(tiny_qwen_image_path, rec, spec, compiled)
         metrics = actor.update_policy(batch, spec)
         results[compiled] = (batch["old_log_probs"], metrics["actor/grad_norm"])
     (eager_lp, eager_grad), (compiled_lp, compiled_grad) = results[False], results[True]
@@ -121,15 +128,7 @@ def test_compiled_blocks_take_a_new_text_length_without_recompiling(
 
     rec = recorded_qwen_image_batch[1]
     spec = SamplingSpec(**rec["spec"])
-    actor = build_actor(
-        tiny_qwen_image_path,
-        model_kwargs={"compile_transformer_blocks": True},
-        ppo_mini_batch_size=4,
-        ppo_micro_batch_size_per_gpu=2,
-        infer_micro_batch_size_per_gpu=4,
-    )
-    batch = batch_of(rec, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-    batch["old_log_probs"] = actor.compute_log_prob(batch, spec)
+    actor, batch = actor_with_forward_only_micro_batches(tiny_qwen_image_path, rec, spec, compiled=True)
     actor.update_policy(batch, spec)
     graphs = counters["stats"]["unique_graphs"]
     longer = batch.clone()
