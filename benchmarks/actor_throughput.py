@@ -19,8 +19,8 @@ after the other) and ``compiled`` (batched, each transformer block's forward com
 replay as the engine does: FSDP2's mixed precision casts the inputs, no autocast.
 
 ``--checkpoint-fractions`` and ``--reshard-after-forward`` measure memory against recompute side by side at each
-micro-batch, on the same model: the share of blocks recomputed in the backward (``model.gradient_checkpointing_fraction``;
-each row's FLOPs are counted as that row runs, so a row that recomputes less counts fewer), and whether FSDP2 gathers
+micro-batch, on the same model: the share of blocks recomputed in the backward
+(``model.gradient_checkpointing_fraction``; each row's FLOPs are counted as that row runs, so a row that recomputes less counts fewer), and whether FSDP2 gathers
 the parameters again for the backward (``actor.engine.reshard_after_forward``; on one rank the gather is a copy of
 every parameter).
 """
@@ -154,7 +154,7 @@ def shard_like_engine(model, device: torch.device, dtype: torch.dtype) -> None:
 
 
 def set_checkpointing(model, fraction: float) -> None:
-    """Recompute ``fraction`` of the blocks in the backward, as the engine's ``model.gradient_checkpointing_fraction``."""
+    """Recompute ``fraction`` of the blocks in the backward, as ``model.gradient_checkpointing_fraction`` does."""
     from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
 
     if fraction > 0:
@@ -418,8 +418,8 @@ def main(argv=None) -> list[dict]:
             if args.out:  # after each row: a later setting that runs out of memory keeps the ones before
                 Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
             logger.info(
-                "%s, micro-batch %d, %.2f of the blocks recomputed, reshard after forward %s: %.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, "
-                "peak %s GiB",
+                "%s, micro-batch %d, %.2f of the blocks recomputed, reshard after forward %s: %.4g samples/s, "
+                "%.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, peak %s GiB",
                 variant,
                 micro_batch,
                 fraction,

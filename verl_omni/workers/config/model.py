@@ -88,8 +88,8 @@ class DiffusionModelConfig(BaseConfig):
             the trained module (regional compilation: one graph reused by every block, the FSDP hooks and the
             gradient checkpointing around it left eager). Fuses the elementwise kernels between the GEMMs
             (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step pays the compile, with the
-            shapes symbolic so that later text lengths and micro-batch sizes reuse its graphs. Off by default (CPU runs and tests would pay the compile for nothing);
-            ``docs/perf.md`` has its measured effect on the replay.
+            shapes symbolic so that later text lengths and micro-batch sizes reuse its graphs. Off by default (CPU
+            runs and tests would pay the compile for nothing); ``docs/perf.md`` has its measured effect on the replay.
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """
 

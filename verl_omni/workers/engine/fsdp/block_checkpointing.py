@@ -18,6 +18,20 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 
+def blocks_of_classes(module: torch.nn.Module, block_classes, key: str) -> list[torch.nn.Module]:
+    """The submodules of ``module`` whose class (or, once FSDP2 has subclassed it, its base) is named in
+    ``block_classes`` (the adapter's ``fsdp_wrap_blocks``), in module order.
+
+    Raises:
+        ValueError: none matched; the message names ``key``, the setting that asked for the blocks.
+    """
+    names = set(block_classes)
+    blocks = [m for m in module.modules() if {c.__name__ for c in type(m).__mro__} & names]
+    if not blocks:
+        raise ValueError(f"{key} found no block of classes {sorted(names)} in {type(module).__name__}")
+    return blocks
+
+
 def recomputed_indices(count: int, fraction: float) -> set[int]:
     """The indices among ``count`` blocks to recompute, ``⌊fraction · count⌋`` of them spread evenly (every
     block at 1.0, none at 0.0): block i is recomputed when the running share ``fraction · (i + 1)`` passes a whole
@@ -40,12 +54,7 @@ def checkpoint_share_of_blocks(module: torch.nn.Module, block_classes, fraction:
             f"model.gradient_checkpointing_fraction={fraction}: {type(module).__name__}.enable_gradient_checkpointing "
             "takes no checkpointing function, so its blocks are all recomputed or none; set the fraction to 1.0"
         )
-    names = set(block_classes)
-    blocks = [m for m in module.modules() if {c.__name__ for c in type(m).__mro__} & names]
-    if not blocks:
-        raise ValueError(
-            f"model.gradient_checkpointing_fraction found no block of classes {sorted(names)} in {type(module).__name__}"
-        )
+    blocks = blocks_of_classes(module, block_classes, "model.gradient_checkpointing_fraction")
     recomputed = recomputed_indices(len(blocks), fraction)
     kept = {id(block) for i, block in enumerate(blocks) if i not in recomputed}
 

@@ -56,7 +56,7 @@ from verl_omni.pipelines.model_base import SDE_WINDOW, get_model_adapter
 from verl_omni.pipelines.sampling import SamplingSpec
 from verl_omni.pipelines.sequence_parallel import context_parallel_mesh
 from verl_omni.workers.engine.fsdp import checkpoint, lora_merge, old_adapter
-from verl_omni.workers.engine.fsdp.block_checkpointing import checkpoint_share_of_blocks
+from verl_omni.workers.engine.fsdp.block_checkpointing import blocks_of_classes, checkpoint_share_of_blocks
 from verl_omni.workers.engine.fsdp.ema import WeightEMA
 from verl_omni.workers.engine.fsdp.idle_units import gather_every_unit_once
 from verl_omni.workers.engine.fsdp.recompute_cast import cast_inputs_on_recompute
@@ -117,25 +117,21 @@ def compile_blocks(module: torch.nn.Module, block_classes) -> int:
     """``torch.compile`` the ``forward`` of every submodule whose class (or, once FSDP2 has subclassed it, its base)
     is named in ``block_classes``; returns how many. The module's ``__call__`` stays eager, so FSDP's unshard and
     reshard hooks and gradient checkpointing's recompute wrap the compiled forward instead of being traced into it;
-    the blocks share one code object, hence one compiled graph per input shape.
+    the blocks share one code object, and its shapes are symbolic, hence one compiled graph per grad mode and LoRA
+    state whatever the micro-batch and text length.
 
     Raises:
         ValueError: no submodule matched (the adapter's ``fsdp_wrap_blocks`` do not name this module's blocks).
     """
-    names = set(block_classes)
-    blocks = [m for m in module.modules() if {c.__name__ for c in type(m).__mro__} & names]
-    if not blocks:
-        raise ValueError(
-            f"model.compile_transformer_blocks found no block of classes {sorted(names)} in {type(module).__name__}"
-        )
+    blocks = blocks_of_classes(module, block_classes, "model.compile_transformer_blocks")
     # a few graphs per grad mode and LoRA state (on, or off for the reference) and more if a shape specializes; past
     # dynamo's default limit of 8 it would silently run the blocks eager again
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT)
     for block in blocks:
         # shapes symbolic from the first compile: the text length changes from step to step and the forward-only
-        # micro-batch differs from the update's; compiled static, the blocks recompile at the first step whose text
-        # length differs from the first step's (step 3 of the OCR recipe), a late compile step that a run's steady
-        # state then includes; the symbolic graphs the recipe ran after that recompile were as fast as static ones
+        # micro-batch differs from the update's. Compiled static, the blocks would compile again at the first step
+        # whose prompts are longer than the first step's, a compile in what looks like the steady state; the sizes
+        # the parameters fix (hidden widths) still specialize, so the kernels are those of the static graphs
         block.forward = torch.compile(block.forward, dynamic=True)
     return len(blocks)
 
