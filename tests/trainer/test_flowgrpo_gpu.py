@@ -66,6 +66,9 @@ def test_colocated_run_trains_and_the_woken_rollout_matches_the_actor(colocated)
             figure(key, value)
     assert diffs[1] <= 10 * max(diffs[0], 1e-3)
     assert metrics[2]["sync/lora_modules_bound_min"] > 0
+    # the update's activations, freed but reserved by the actor process, went back before the rollout woke
+    figure("actor_cache_released_gib", metrics[2]["sync/actor_cache_released_gib"])
+    assert metrics[2]["sync/actor_cache_released_gib"] > 0
     assert metrics[2]["val/score/mean"] != metrics[0]["val/score/mean"], "the trained LoRA reached the rollout"
 
 

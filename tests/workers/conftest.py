@@ -97,6 +97,15 @@ def bf16_engine(tiny_qwen_image_bf16_path, loop):
 
 
 @pytest.fixture(scope="module")
+def sleeping_bf16_engine(tiny_qwen_image_bf16_path, loop):
+    """A bf16 engine with vLLM's sleep mode, as a colocated server starts it; the module's own (a failed wake-up
+    leaves the weights' pool half mapped)."""
+    rollout = _started_engine(loop, tiny_qwen_image_bf16_path, "bfloat16", enable_sleep_mode=True)
+    yield rollout
+    rollout.shutdown()
+
+
+@pytest.fixture(scope="module")
 def bagel_engine(tiny_bagel_path, loop):
     """The BAGEL DiT stage alone (CPU-capable); bf16, as vLLM-Omni's BAGEL generation path casts to it."""
     from verl_omni.pipelines.bagel import vllm_omni_deploy_config

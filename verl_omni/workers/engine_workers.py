@@ -224,6 +224,17 @@ class DiffusionActorWorker(TrainingWorker):
             torch.cuda.ipc_collect()
             torch.cuda.empty_cache()
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def release_device_cache(self) -> float:
+        """Give the blocks this rank's caching allocator keeps free back to the device, before a colocated rollout
+        wakes on it: the actor phases' activations are freed but stay reserved by this process, and the rollout's
+        weights need that memory back. Returns the GiB released."""
+        if not torch.cuda.is_available():
+            return 0.0
+        reserved = torch.cuda.memory_reserved()
+        torch.cuda.empty_cache()
+        return (reserved - torch.cuda.memory_reserved()) / 2**30
+
     def _weight_sender(self) -> collective_share.CollectiveSender:
         if self._sender is None:
             raise RuntimeError("actor rank 0 has no weight group: open_weight_group runs before the first broadcast")

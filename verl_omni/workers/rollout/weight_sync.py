@@ -269,10 +269,13 @@ class RolloutWeightSync:
     def sync(self, step: int) -> dict[str, float]:
         """The weights after ``step`` updates to every server, checked there (or this raises); the ``sync/*``
         metrics."""
+        metrics = {}
         start = time.perf_counter()
         if self.colocated:
+            # what the actor phases left reserved on the shared devices goes back before the servers need it
+            metrics["sync/actor_cache_released_gib"] = max(self.actor_wg.release_device_cache())
             ray.get([server.wake_up.remote() for server in self.servers])
-        metrics = {"sync/wake_seconds": time.perf_counter() - start}
+        metrics["sync/wake_seconds"] = time.perf_counter() - start
         metrics.update(self._push(step))
         if self.group_size:
             # the collective transport's group: actor rank 0 and every rollout worker it broadcast to

@@ -174,3 +174,34 @@ def test_tensor_lora_on_cuda_changes_the_image_and_zeros_restore_it(loop, bf16_e
     figure("pixel_diff_ipc_vs_host", ipc_diff)
     figure("pixel_diff_after_free", free_diff)
     assert ipc_diff <= ZERO_LORA_PIXEL_BOUND and free_diff == 0
+
+
+def _fill_device() -> list[torch.Tensor]:
+    """Take the device's free memory in this process, large blocks first: a real out-of-memory for the engine's
+    worker processes. The caching allocator gives a block of 1-10 MiB a 20 MiB segment, so the last blocks are
+    512 KiB ones, packed into 2 MiB segments: under 2 MiB stays free, less than one of the pages vLLM's sleep-mode
+    allocator maps a tensor's weights back into."""
+    held = []
+    for block in (1 << 30, 1 << 25, 1 << 19):
+        while True:
+            try:
+                held.append(torch.empty(block, dtype=torch.uint8, device="cuda"))
+            except torch.OutOfMemoryError:
+                break
+    return held
+
+
+def test_a_wake_up_out_of_memory_raises_naming_the_offload_keys(loop, sleeping_bf16_engine):
+    from verl_omni.workers.rollout.vllm_omni.server import failed_acks
+
+    failed_acks(loop.run(sleeping_bf16_engine.engine.sleep(level=1)), 0, "sleep")
+    held = _fill_device()
+    try:
+        acks = loop.run(sleeping_bf16_engine.engine.wake_up())
+    finally:
+        del held
+        torch.cuda.empty_cache()
+    figure("wake_up_acks", [f"{ack.status}: {ack.error_msg}" for ack in acks])
+    # vLLM-Omni's worker builds its failure ACK without a rank
+    with pytest.raises(RuntimeError, match=r"replica 0: wake-up failed on a worker: .*out of memory.*param_offload"):
+        failed_acks(acks, 0, "wake-up")

@@ -26,3 +26,28 @@ def test_a_replica_spans_its_sequence_parallel_devices_too():
     assert (split.world_size, split.gpus_per_replica_node, split.nnodes) == (4, 4, 1)
     across = replica(4, 2)
     assert (across.world_size, across.gpus_per_replica_node, across.nnodes) == (4, 2, 2)
+
+
+def test_a_failed_sleep_or_wake_up_ack_raises_naming_the_rank_and_the_fix():
+    """vLLM-Omni's workers answer a failed wake-up with an ERROR ACK rather than raising; the server raises on it,
+    before a weight load writes into memory that was never mapped back (the GPU test makes a real one fail)."""
+    import pytest
+    from vllm_omni.diffusion.data import OmniACK
+
+    from verl_omni.workers.rollout.vllm_omni.server import failed_acks
+
+    ok = OmniACK(task_id="t", status="SUCCESS", rank=0)
+    failed_acks([ok, None], 0, "wake-up")
+    failed_acks([], 0, "sleep")
+    oom = OmniACK(task_id="t", status="ERROR", rank=0, error_msg="CUDA Error: out of memory at cumem_allocator.cpp")
+    with pytest.raises(
+        RuntimeError, match=r"replica 2: wake-up failed on rank 0: CUDA Error: out of memory.*param_offload"
+    ):
+        failed_acks([oom], 2, "wake-up")
+    other = OmniACK(task_id="t", status="ERROR", rank=1, error_msg="bad tag")
+    with pytest.raises(RuntimeError, match=r"replica 0: sleep failed on rank 1: bad tag$"):
+        failed_acks([ok, other], 0, "sleep")
+    # the worker's own failure path sends its ACK without a rank
+    unranked = OmniACK(task_id="t", status="ERROR", error_msg="bad tag")
+    with pytest.raises(RuntimeError, match=r"sleep failed on a worker: bad tag$"):
+        failed_acks([unranked], 0, "sleep")

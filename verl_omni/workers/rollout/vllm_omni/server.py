@@ -37,6 +37,28 @@ CPU_MAX_BATCH_REQUESTS = 1
 CPU_SERVER_NUM_CPUS = 1
 
 
+def failed_acks(acks: list | None, replica_rank: int, action: str) -> None:
+    """Raise when a worker's sleep or wake-up ACK says it failed. vLLM-Omni's workers log the failure and answer
+    with an ``ERROR`` ACK instead of raising, so a wake-up that ran out of device memory would surface later as
+    an unrelated CUDA error in the next weight load, into memory that was never mapped back."""
+    # a worker's failure path builds its ACK without its rank
+    errors = [
+        f"{'a worker' if ack.rank is None else f'rank {ack.rank}'}: {ack.error_msg}"
+        for ack in acks or []
+        if getattr(ack, "status", None) == "ERROR"
+    ]
+    if not errors:
+        return
+    hint = ""
+    if action == "wake-up" and any("out of memory" in error for error in errors):
+        hint = (
+            ": the rollout's weights do not fit beside what the colocated actor keeps on the device between its "
+            "phases; offload the actor between them (actor_rollout_ref.actor.engine.param_offload=true and "
+            "optimizer_offload=true)"
+        )
+    raise RuntimeError(f"rollout replica {replica_rank}: {action} failed on {'; '.join(errors)}{hint}")
+
+
 def _engine_dtype(config_dtype: str, model_path: str) -> str:
     """The dtype the model's pipeline requires (its adapter's ``rollout_dtype``), else fp32 on CPU (no bf16
     kernels worth using there) and the configured dtype on an accelerator."""
@@ -227,7 +249,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
 
     async def wake_up(self, tags: list[str] | None = None):
         if self._sleeps() and self._asleep:
-            await self.engine.wake_up()
+            failed_acks(await self.engine.wake_up(), self.replica_rank, "wake-up")
             self._asleep = False
 
     async def sleep(self):
@@ -235,7 +257,7 @@ class vLLMOmniHttpServer(vLLMHttpServer):  # noqa: N801 (verl's naming)
             await self.wait_for_requests_to_drain()
             free_before = torch.cuda.mem_get_info()[0]
             # level 1 moves the weights to host memory and restores them on wake-up (level 2 drops them)
-            await self.engine.sleep(level=1)
+            failed_acks(await self.engine.sleep(level=1), self.replica_rank, "sleep")
             self._asleep = True
             freed = (torch.cuda.mem_get_info()[0] - free_before) / 2**30
             logger.info("rollout replica %d asleep: %.1f GiB of device memory freed", self.replica_rank, freed)
