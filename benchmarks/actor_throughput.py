@@ -15,8 +15,10 @@ weights on CUDA, LoRA r=64, 512x512 images.
 ``--variants`` runs ways of computing the same replay side by side on one model, in order: ``batched``
 (true CFG's two passes as one transformer call, the adapter's default), ``sequential`` (the two passes one
 after the other) and ``compiled`` (batched, each transformer block's forward compiled as the engine's
-``model.compile_transformer_blocks`` does; last, since compiling cannot be undone). ``--fsdp`` runs the
-replay as the engine does: FSDP2's mixed precision casts the inputs, no autocast.
+``model.compile_transformer_blocks`` does; last). ``--compile-dynamic true false`` measures the compiled
+variant once per ``model.compile_dynamic`` setting, the blocks' eager forward restored and dynamo's caches
+cleared in between. ``--fsdp`` runs the replay as the engine does: FSDP2's mixed precision casts the inputs,
+no autocast.
 
 ``--checkpoint-fractions`` and ``--reshard-after-forward`` measure memory against recompute side by side at each
 micro-batch, on the same model: the share of blocks recomputed in the backward
@@ -94,6 +96,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=["batched"],
         help="replay variants measured side by side, in order ('compiled' last)",
     )
+    p.add_argument(
+        "--compile-dynamic",
+        choices=("true", "false"),
+        nargs="+",
+        default=["true"],
+        help="the compiled variant's model.compile_dynamic, one set of rows each",
+    )
     p.add_argument("--forward-only", action="store_true", help="no backward (the old_log_prob and ref phases)")
     p.add_argument(
         "--fsdp",
@@ -106,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.reshard_after_forward != ["true"] and not args.fsdp:
         p.error("--reshard-after-forward needs --fsdp")
     if "compiled" in args.variants[:-1]:
-        p.error("--variants: 'compiled' must come last (compiling the blocks cannot be undone)")
+        p.error("--variants: 'compiled' must come last (the rows after it would run the compiled blocks)")
     return args
 
 
@@ -161,6 +170,16 @@ def set_checkpointing(model, fraction: float) -> None:
         checkpoint_share_of_blocks(model, ADAPTER.fsdp_wrap_blocks, fraction)
     else:
         model.disable_gradient_checkpointing()
+
+
+def uncompile_blocks(model) -> None:
+    """The blocks' own forward again, and dynamo's caches emptied: the next compile starts from nothing, as a new
+    run would (``compile_blocks`` sets ``forward`` on each block instance)."""
+    from verl_omni.workers.engine.fsdp.block_checkpointing import blocks_of_classes
+
+    for block in blocks_of_classes(model, ADAPTER.fsdp_wrap_blocks, "--variants compiled"):
+        block.__dict__.pop("forward", None)
+    torch._dynamo.reset()
 
 
 def make_batch(model, spec: SamplingSpec, batch: int, text_len: int, vae_scale_factor: int, device, scheduler) -> dict:
@@ -380,11 +399,16 @@ def main(argv=None) -> list[dict]:
         for fraction in args.checkpoint_fractions or [default_fraction]
         for reshard in args.reshard_after_forward
     ]
-    for variant in args.variants:
+    runs = [(variant, None) for variant in args.variants if variant != "compiled"]
+    if "compiled" in args.variants:
+        runs += [("compiled", dynamic == "true") for dynamic in args.compile_dynamic]
+    for variant, dynamic in runs:
         if variant == "compiled":
             from verl_omni.workers.engine.fsdp.diffusers_impl import compile_blocks
 
-            logger.info("compiled the forward of %d blocks", compile_blocks(model, ADAPTER.fsdp_wrap_blocks))
+            uncompile_blocks(model)
+            count = compile_blocks(model, ADAPTER.fsdp_wrap_blocks, dynamic=dynamic)
+            logger.info("compiled the forward of %d blocks, every size symbolic: %s", count, dynamic)
         for micro_batch, (fraction, reshard) in itertools.product(args.micro_batches, settings):
             set_checkpointing(model, fraction)
             if args.fsdp:
@@ -410,7 +434,9 @@ def main(argv=None) -> list[dict]:
             if count:
                 flops[key] = row["flops"]
             counted = flops.get(key)
-            row.update(variant=variant, checkpoint_fraction=fraction, reshard_after_forward=reshard)
+            row.update(
+                variant=variant, compile_dynamic=dynamic, checkpoint_fraction=fraction, reshard_after_forward=reshard
+            )
             row["tflops"] = None if counted is None else counted / row["step_s"] / 1e12
             # no TFLOP/s when the FLOP count ran out of memory (count_flops)
             row["fraction_of_matmul_ceiling"] = None if row["tflops"] is None else row["tflops"] / ceiling
@@ -418,9 +444,10 @@ def main(argv=None) -> list[dict]:
             if args.out:  # after each row: a later setting that runs out of memory keeps the ones before
                 Path(args.out).write_text(json.dumps({"meta": meta, "results": results}, indent=2))
             logger.info(
-                "%s, micro-batch %d, %.2f of the blocks recomputed, reshard after forward %s: %.4g samples/s, "
-                "%.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, peak %s GiB",
+                "%s (dynamic %s), micro-batch %d, %.2f of the blocks recomputed, reshard after forward %s: "
+                "%.4g samples/s, %.4g s/step, %s TFLOP/s, fraction of matmul ceiling %s, peak %s GiB",
                 variant,
+                dynamic,
                 micro_batch,
                 fraction,
                 reshard,

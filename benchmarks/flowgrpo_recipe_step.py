@@ -5,7 +5,8 @@ Runs ``examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh`` (512², 10 steps, 
 on a full-size Qwen-Image checkpoint with random weights, with a cheap reward in place of the
 OCR server (``jpeg_compressibility``: the timing of generation and training does not depend on
 what scores the images). Prints, per step and phase, seconds and images per GPU-second, and the steady state:
-the median step after the first ``--warmup-steps`` (the compile steps).
+the median step after the first ``--warmup-steps`` (the compile steps), leaving out any later step in which the
+actor compiled again (``perf/actor_compiled_graphs`` grew: the first step whose prompts have a new text length).
 
 ``--gpus N`` runs the launcher with ``NGPUS=N`` (N actor ranks and N colocated rollout replicas on one host);
 keep the per-GPU load with ``--prompts`` = 8 x N (8 prompts x 16 images = 128 images per GPU).
@@ -141,6 +142,8 @@ def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
             "sync/full_weight_megabytes",
             "sync/full_weight_seconds",
             "sync/wake_seconds",
+            "sync/actor_cache_released_gib",
+            "perf/actor_compiled_graphs",
         ):
             if key in data:
                 row[key] = data[key]
@@ -149,15 +152,28 @@ def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
     return rows
 
 
+# the actor's count of compiled graphs after each update (DiffusionActorWorker.update_actor)
+GRAPHS = "perf/actor_compiled_graphs"
+
+
 def steady_state(rows: list[dict], warmup_steps: int) -> dict:
-    """The median step after the compile steps, with each phase's median, as one summary row.
+    """The median step after the compile steps, with each phase's median, as one summary row. The compile steps
+    are the first ``warmup_steps`` (the actor's and the rollout's first compiles) and any later step in which the
+    actor compiled another graph; they are listed as ``recompiled_steps``.
 
     With π_old taken from the rollout (``actor.use_rollout_log_probs``) and its check every K steps
     (``actor.rollout_log_prob_check_freq``), the steps that ran the check carry an ``old_log_prob`` phase the others
     skip: the median is over the others (the rate between checks), and the check steps are listed with their median
     apart, so a K-step average can be formed from both.
     """
-    after = [row for row in rows if row["step"] > warmup_steps and "step_s" in row]
+    # a step whose actor compiled more graphs than the step before (a new text length, with model.compile_dynamic
+    # false) is a compile step too, wherever it falls
+    recompiled = [
+        row["step"]
+        for before, row in zip(rows, rows[1:], strict=False)
+        if row["step"] > warmup_steps and GRAPHS in before and row.get(GRAPHS, before[GRAPHS]) > before[GRAPHS]
+    ]
+    after = [row for row in rows if row["step"] > warmup_steps and "step_s" in row and row["step"] not in recompiled]
     checked = [row for row in after if "old_log_prob_s" in row]
     # every step has the phase when the actor recomputes π_old each step: nothing to set apart then
     checks_apart = 0 < len(checked) < len(after)
@@ -165,6 +181,8 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
     if not steady:
         return {"steady_steps": 0}
     summary = {"steady_steps": len(steady), "first_steady_step": steady[0]["step"]}
+    if recompiled:
+        summary["recompiled_steps"] = recompiled
     for phase in PHASES:
         values = [row[f"{phase}_s"] for row in steady if f"{phase}_s" in row]
         if values:

@@ -37,5 +37,19 @@ def test_steps_that_ran_the_rollout_log_prob_check_are_summarised_apart(recipe_s
     assert summary["check_steps"] == [4] and summary["check_step_s"] == 79.2
 
 
+def test_a_step_in_which_the_actor_compiled_again_is_left_out(recipe_step):
+    # step 3's prompts had a new text length: the actor compiled 4 more graphs (model.compile_dynamic=false)
+    rows = [_row(1, 330.0), _row(2, 140.0), _row(3, 190.0), _row(4, 142.0), _row(5, 138.0)]
+    for row, graphs in zip(rows, (8, 8, 12, 12, 12), strict=True):
+        row["perf/actor_compiled_graphs"] = graphs
+    summary = recipe_step.steady_state(rows, warmup_steps=1)
+    assert summary["recompiled_steps"] == [3]
+    assert summary["steady_steps"] == 3 and summary["step_s"] == 140.0
+    # a run without the count (an older trainer) keeps every step after the warm-up
+    for row in rows:
+        del row["perf/actor_compiled_graphs"]
+    assert recipe_step.steady_state(rows, warmup_steps=1)["steady_steps"] == 4
+
+
 def test_no_step_after_the_compile_steps(recipe_step):
     assert recipe_step.steady_state([_row(1, 220.0)], warmup_steps=2) == {"steady_steps": 0}

@@ -76,6 +76,7 @@ BAD_CONFIGS = [
         ],
         "set it true, or leave the fraction 1.0",
     ),
+    (["actor_rollout_ref.model.compile_dynamic=auto"], "model.compile_dynamic must be true or false"),
     (
         ["actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=0"],
         "checkpoint_engine.update_weights_bucket_megabytes",

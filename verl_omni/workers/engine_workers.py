@@ -39,7 +39,7 @@ from verl_omni.workers.actor.diffusion_actor import DiffusionActor
 from verl_omni.workers.config.actor import DiffusionActorConfig
 from verl_omni.workers.config.rollout import COLLECTIVE, IPC
 from verl_omni.workers.engine.fsdp import policy_versions
-from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY
+from verl_omni.workers.engine.fsdp.diffusers_impl import SAMPLING_SPEC_KEY, compiled_graph_count
 from verl_omni.workers.rollout import collective_share, device_share
 from verl_omni.workers.rollout.weight_buckets import WeightBucket
 from verl_omni.workers.utils.losses import run_algorithm
@@ -129,6 +129,10 @@ class DiffusionActorWorker(TrainingWorker):
         """One update with the algorithm's loss; ``meta_info["metrics"]`` (verl gathers one value per rank; they are equal,
         being reduced over ranks in the actor already)."""
         metrics = self.actor.update_policy(data.batch, _sampling_spec(data))
+        graphs = compiled_graph_count()
+        if graphs is not None:
+            # grows in the steps that compiled (the first, and one whose text length is new): not steady steps
+            metrics["perf/actor_compiled_graphs"] = graphs
         if get_device_name() == "cuda":
             # this rank's peak since it started (the frozen base, the LoRA or full weights, optimizer, activations)
             metrics["perf/actor_max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30

@@ -48,12 +48,12 @@ def test_bf16_compute_on_cuda_trains_with_finite_gradients(
     assert 0 < metrics["actor/grad_norm"] < float("inf")
 
 
-def actor_with_forward_only_micro_batches(model_path, rec, spec, compiled: bool):
+def actor_with_forward_only_micro_batches(model_path, rec, spec, compiled: bool, dynamic: bool = False):
     """An actor whose forward-only micro-batches (4) are larger than the update's (2), and the recorded batch with
     its π_old replayed: the shapes a compiled block sees in a run."""
     actor = build_actor(
         model_path,
-        model_kwargs={"compile_transformer_blocks": compiled},
+        model_kwargs={"compile_transformer_blocks": compiled, "compile_dynamic": dynamic},
         ppo_mini_batch_size=4,
         ppo_micro_batch_size_per_gpu=2,
         infer_micro_batch_size_per_gpu=4,
@@ -117,30 +117,48 @@ def test_reference_pass_first_then_update_on_the_rollout_log_probs(
     assert any(not torch.equal(before[n], lora_b[n].detach().full_tensor()) for n in before)
 
 
-def test_compiled_blocks_take_a_new_text_length_without_recompiling(
-    cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
+def _padded_text(batch, extra: int):
+    """The batch with ``extra`` masked tokens after each prompt: a longer text length, the same samples."""
+    longer = batch.clone()
+    for key in ("prompt_embeds", "negative_prompt_embeds"):
+        pad = torch.zeros_like(batch[key][:, :extra])
+        longer[key] = torch.cat([batch[key], pad], dim=1)
+        mask = torch.zeros_like(batch[f"{key}_mask"][:, :extra])
+        longer[f"{key}_mask"] = torch.cat([batch[f"{key}_mask"], mask], dim=1)
+    return longer
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["compile_dynamic_false", "compile_dynamic_true"])
+def test_compiled_blocks_and_new_text_lengths(
+    dynamic, cuda_process_group, tiny_qwen_image_path, recorded_qwen_image_batch
 ):
-    """The compiled blocks' shapes are symbolic from the first compile: a later step whose prompts are longer (here
-    the same prompts padded by masked tokens) replays with the graphs it has, and gives the same log-probs."""
+    """``model.compile_dynamic``: false (torch's default) compiles once more at the first new text length and then
+    takes any length; true takes a new length with the graphs it has. Either way the padded text gives the same
+    log-probs, and the actor reports its compiled graphs."""
     from torch._dynamo.utils import counters
 
     from verl_omni.pipelines.sampling import SamplingSpec
+    from verl_omni.workers.engine.fsdp.diffusers_impl import compiled_graph_count
 
+    # no sizes remembered from the module's earlier compiles of the same block code
+    torch._dynamo.reset()
     rec = recorded_qwen_image_batch[1]
     spec = SamplingSpec(**rec["spec"])
-    actor, batch = actor_with_forward_only_micro_batches(tiny_qwen_image_path, rec, spec, compiled=True)
+    actor, batch = actor_with_forward_only_micro_batches(tiny_qwen_image_path, rec, spec, True, dynamic)
     actor.update_policy(batch, spec)
-    graphs = counters["stats"]["unique_graphs"]
-    longer = batch.clone()
-    for key in ("prompt_embeds", "negative_prompt_embeds"):
-        longer[key] = torch.cat([batch[key], torch.zeros_like(batch[key][:, :3])], dim=1)
-        longer[f"{key}_mask"] = torch.cat([batch[f"{key}_mask"], torch.zeros_like(batch[f"{key}_mask"][:, :3])], dim=1)
-    padded = actor.compute_log_prob(longer, spec)
-    repeated = actor.compute_log_prob(batch, spec)
-    longer["old_log_probs"] = padded
-    actor.update_policy(longer, spec)
-    figure("compiled_graphs_after_first_update", graphs, "d")
-    figure("compiled_graphs_added_by_the_longer_text", counters["stats"]["unique_graphs"] - graphs, "d")
-    figure("logprob_diff_padded_vs_unpadded_text", (padded - repeated).abs().max().item())
-    assert counters["stats"]["unique_graphs"] == graphs, "a new text length recompiled the blocks"
-    torch.testing.assert_close(padded, repeated, rtol=0, atol=2e-3)
+    graphs = [counters["stats"]["unique_graphs"]]
+    assert compiled_graph_count() == graphs[0] > 0
+    for extra in (3, 7):
+        # the unpadded text's log-probs under the weights of this round (each round's update moves them)
+        repeated = actor.compute_log_prob(batch, spec)
+        longer = _padded_text(batch, extra)
+        longer["old_log_probs"] = actor.compute_log_prob(longer, spec)
+        actor.update_policy(longer, spec)
+        graphs.append(counters["stats"]["unique_graphs"])
+        figure(f"logprob_diff_text_padded_by_{extra}", (longer["old_log_probs"] - repeated).abs().max().item())
+        torch.testing.assert_close(longer["old_log_probs"], repeated, rtol=0, atol=2e-3)
+    added = [after - before for before, after in zip(graphs, graphs[1:], strict=False)]
+    figure("compiled_graphs_after_first_update", graphs[0], "d")
+    figure("compiled_graphs_added_by_the_first_and_second_new_length", added)
+    assert added[1] == 0, "a second new text length compiled again"
+    assert (added[0] == 0) if dynamic else (added[0] > 0)

@@ -87,9 +87,15 @@ class DiffusionModelConfig(BaseConfig):
         compile_transformer_blocks (bool): ``torch.compile`` the forward of each FSDP-wrapped transformer block of
             the trained module (regional compilation: one graph reused by every block, the FSDP hooks and the
             gradient checkpointing around it left eager). Fuses the elementwise kernels between the GEMMs
-            (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step pays the compile, with the
-            shapes symbolic so that later text lengths and micro-batch sizes reuse its graphs. Off by default (CPU
-            runs and tests would pay the compile for nothing); ``docs/perf.md`` has its measured effect on the replay.
+            (modulation, norms, RoPE, gates, the LoRA's scale and add); the first step pays the compile. Off by
+            default (CPU runs and tests would pay the compile for nothing); ``docs/perf.md`` has its measured effect
+            on the replay.
+        compile_dynamic (bool): with ``compile_transformer_blocks``, how the blocks' sizes are compiled. false
+            (default, torch's own): static graphs first; the first call with another text length or micro-batch
+            compiles once more and makes that size symbolic, so one step early in a run (the first whose prompts
+            differ in length from those before) pays a second compile, and ``perf/actor_compiled_graphs`` shows
+            it. true: every size symbolic from the first compile, so no later step compiles, but the kernels are
+            generic in all sizes and the replay is slower (``docs/perf.md``).
         use_remove_padding (bool): always False: images have no padding to remove (read by verl).
     """
 
@@ -103,6 +109,7 @@ class DiffusionModelConfig(BaseConfig):
     gradient_checkpointing_fraction: float = 1.0
     enable_activation_offload: bool = False
     compile_transformer_blocks: bool = False
+    compile_dynamic: bool = False
     use_remove_padding: bool = False
 
     def __post_init__(self):
@@ -127,6 +134,8 @@ class DiffusionModelConfig(BaseConfig):
                 f"model.gradient_checkpointing_fraction={fraction} is the share of blocks recomputed when "
                 "model.enable_gradient_checkpointing=true, which is false here: set it true, or leave the fraction 1.0"
             )
+        if not isinstance(self.compile_dynamic, bool):
+            raise ValueError(f"model.compile_dynamic must be true or false, got {self.compile_dynamic!r}")
         if isinstance(self.lora, dict):
             raise TypeError("model.lora must be a DiffusionLoraConfig (convert YAML with omega_conf_to_dataclass)")
 

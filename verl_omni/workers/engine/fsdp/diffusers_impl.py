@@ -113,12 +113,15 @@ def release_host_memory() -> None:
 COMPILE_RECOMPILE_LIMIT = 64
 
 
-def compile_blocks(module: torch.nn.Module, block_classes) -> int:
+def compile_blocks(module: torch.nn.Module, block_classes, dynamic: bool = True) -> int:
     """``torch.compile`` the ``forward`` of every submodule whose class (or, once FSDP2 has subclassed it, its base)
     is named in ``block_classes``; returns how many. The module's ``__call__`` stays eager, so FSDP's unshard and
     reshard hooks and gradient checkpointing's recompute wrap the compiled forward instead of being traced into it;
-    the blocks share one code object, and its shapes are symbolic, hence one compiled graph per grad mode and LoRA
-    state whatever the micro-batch and text length.
+    the blocks share one code object, hence one compiled graph per grad mode, LoRA state and shape family.
+
+    ``dynamic`` (``model.compile_dynamic``): every size symbolic from the first compile, so a longer text or
+    another micro-batch reuses the graphs; else torch's default, static graphs first and one recompile that
+    makes a size symbolic once it changes. Static kernels are faster, and the recompile is paid once.
 
     Raises:
         ValueError: no submodule matched (the adapter's ``fsdp_wrap_blocks`` do not name this module's blocks).
@@ -128,12 +131,20 @@ def compile_blocks(module: torch.nn.Module, block_classes) -> int:
     # dynamo's default limit of 8 it would silently run the blocks eager again
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILE_RECOMPILE_LIMIT)
     for block in blocks:
-        # shapes symbolic from the first compile: the text length changes from step to step and the forward-only
-        # micro-batch differs from the update's. Compiled static, the blocks would compile again at the first step
-        # whose prompts are longer than the first step's, a compile in what looks like the steady state; the sizes
-        # the parameters fix (hidden widths) still specialize, so the kernels are those of the static graphs
-        block.forward = torch.compile(block.forward, dynamic=True)
+        # None is torch's automatic dynamic; False would compile again for every new text length
+        block.forward = torch.compile(block.forward, dynamic=True if dynamic else None)
     return len(blocks)
+
+
+def compiled_graph_count() -> int | None:
+    """The graphs dynamo has compiled in this process so far, or None where torch does not count them: a step
+    whose count grew paid a compile and is not the steady state. torch has no public counter; this reads
+    ``torch._dynamo.utils.counters`` (present in torch 2.4 to 2.11), read-only."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["stats"]["unique_graphs"])
 
 
 @EngineRegistry.register(model_type="diffusion_model", backend="fsdp2", device=["cuda", "cpu"])
@@ -282,7 +293,7 @@ class DiffusersFSDPEngine(FSDPEngine):
             # a unit that has not run yet (an expert no replayed step needs) must survive a backward without sync
             gather_every_unit_once(module)
         if self.model_config.compile_transformer_blocks:
-            count = compile_blocks(module, self.adapter.fsdp_wrap_blocks)
+            count = compile_blocks(module, self.adapter.fsdp_wrap_blocks, self.model_config.compile_dynamic)
             logger.info(
                 "torch.compile on the forward of %d transformer blocks (model.compile_transformer_blocks)", count
             )
