@@ -92,8 +92,11 @@ def model_calls(args, mode: str) -> int:
 
 
 def engine_kwargs(args) -> dict:
-    """Eager unless ``--compile`` (vLLM-Omni's torch.compile of the transformer blocks)."""
-    return {"enforce_eager": not args.compile} if args.device == "cuda" else {}
+    """Eager unless ``--compile`` (vLLM-Omni's torch.compile of the transformer blocks, every size symbolic unless
+    ``--compile-dynamic false``: the rollout's ``engine_kwargs.vllm_omni.diffusion_compile_dynamic``)."""
+    if args.device != "cuda":
+        return {}
+    return {"enforce_eager": not args.compile, "diffusion_compile_dynamic": args.compile_dynamic == "true"}
 
 
 def profile_folder(args, name: str) -> Path:
@@ -383,6 +386,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--stat", choices=("mean", "median"), default="mean", help="seconds per round over repeats")
     parser.add_argument("--requests", type=int, default=1, help="batched: concurrent generate_batched(N) calls")
     parser.add_argument("--compile", action="store_true", help="CUDA: let the engines torch.compile (slow start)")
+    parser.add_argument(
+        "--compile-dynamic",
+        choices=("true", "false"),
+        default="true",
+        help="with --compile: vLLM-Omni's diffusion_compile_dynamic (true, its default: every size symbolic)",
+    )
     parser.add_argument("--window-range", type=int, nargs=2, metavar=("R0", "R1"), help="sde_window_range")
     parser.add_argument(
         "--thin",

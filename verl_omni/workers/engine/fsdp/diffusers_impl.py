@@ -113,7 +113,7 @@ def release_host_memory() -> None:
 COMPILE_RECOMPILE_LIMIT = 64
 
 
-def compile_blocks(module: torch.nn.Module, block_classes, dynamic: bool = True) -> int:
+def compile_blocks(module: torch.nn.Module, block_classes, dynamic: bool = False) -> int:
     """``torch.compile`` the ``forward`` of every submodule whose class (or, once FSDP2 has subclassed it, its base)
     is named in ``block_classes``; returns how many. The module's ``__call__`` stays eager, so FSDP's unshard and
     reshard hooks and gradient checkpointing's recompute wrap the compiled forward instead of being traced into it;
@@ -139,7 +139,7 @@ def compile_blocks(module: torch.nn.Module, block_classes, dynamic: bool = True)
 def compiled_graph_count() -> int | None:
     """The graphs dynamo has compiled in this process so far, or None where torch does not count them: a step
     whose count grew paid a compile and is not the steady state. torch has no public counter; this reads
-    ``torch._dynamo.utils.counters`` (present in torch 2.4 to 2.11), read-only."""
+    ``torch._dynamo.utils.counters`` (torch 2.11 has it), read-only."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:
