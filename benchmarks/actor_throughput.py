@@ -100,8 +100,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--compile-dynamic",
         choices=("true", "false"),
         nargs="+",
-        default=["true"],
-        help="the compiled variant's model.compile_dynamic, one set of rows each",
+        default=["false"],
+        help="the compiled variant's model.compile_dynamic (default: the engine's, false), one set of rows each",
     )
     p.add_argument("--forward-only", action="store_true", help="no backward (the old_log_prob and ref phases)")
     p.add_argument(

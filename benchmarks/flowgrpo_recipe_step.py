@@ -171,7 +171,7 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
     recompiled = [
         row["step"]
         for before, row in zip(rows, rows[1:], strict=False)
-        if row["step"] > warmup_steps and GRAPHS in before and row.get(GRAPHS, before[GRAPHS]) > before[GRAPHS]
+        if row["step"] > warmup_steps and GRAPHS in before and GRAPHS in row and row[GRAPHS] > before[GRAPHS]
     ]
     after = [row for row in rows if row["step"] > warmup_steps and "step_s" in row and row["step"] not in recompiled]
     checked = [row for row in after if "old_log_prob_s" in row]
