@@ -99,6 +99,11 @@ BAD_CONFIGS = [
     (["trainer.trainer_mode=separate_async", "trainer.colocate_rollout=true"], "trainer.colocate_rollout=false"),
     (["trainer.trainer_mode=separate_async"], "use_rollout_log_probs=true"),
     (["actor_rollout_ref.actor.rollout_log_prob_check_freq=-1"], "actor.rollout_log_prob_check_freq"),
+    # more rows of a group than the group has (rollout.n)
+    (
+        ["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.rollout_log_prob_check_per_prompt=5"],
+        "actor.rollout_log_prob_check_per_prompt must be an integer in .0, rollout.n = 4.",
+    ),
     (["actor_rollout_ref.actor.rollout_correction.loss_type=reinforce"], "set actor.use_rollout_log_probs=true"),
     (
         [

@@ -124,8 +124,10 @@ def test_two_replicas_two_ranks_train_with_rollout_log_probs(two, tiny_qwen_imag
     run, records, _ = two
     check_run(run, records, STEPS, extra_keys=())
     check_summary(run, tiny_qwen_image_path, STEPS)
-    # the check's steps (the first, then every STEPS-th after) replay the batch against the rollout's log-probs
+    # the check's steps (the first, then every STEPS-th after) replay a row of each prompt group (the default
+    # actor.rollout_log_prob_check_per_prompt=1) against the rollout's log-probs
     assert by_step(records)[1]["old_log_prob/rollout_diff_max"] <= LOGPROB_BOUND
+    assert by_step(records)[1]["old_log_prob/check_rows"] == 2, "the tiny run's two prompts, one row each"
     assert "timing_s/old_log_prob" not in by_step(records)[STEPS], "bypass mode skips the phase between checks"
     assert sorted(p.name for p in run.glob("global_step_*")) == [f"global_step_{s}" for s in range(1, STEPS + 1)]
 

@@ -27,6 +27,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 from verl import DataProto
+from verl.protocol import unpad_dataproto
 from verl.trainer.ppo.checkpoint_callback import build_checkpoint_callback
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer, register_trainer
 from verl.utils.debug import marked_timer
@@ -36,7 +37,7 @@ from verl.utils.tracking import Tracking
 from verl_omni.algorithms.flow_grpo_math import zero_std_groups
 from verl_omni.algorithms.reward_normalization import gdpo_scores, per_scorer_advantage_metrics
 from verl_omni.trainer.config.validation import RunConfigs
-from verl_omni.trainer.diffusion import non_finite
+from verl_omni.trainer.diffusion import non_finite, rollout_check
 from verl_omni.trainer.diffusion.preemption import Preempted, PreemptionRequest, StepAbandoned
 from verl_omni.trainer.diffusion.reward_guard import GuardAlarm, RewardGuard
 from verl_omni.trainer.diffusion.run_dir import RunDir, open_run_dir
@@ -237,10 +238,13 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
         if "rm_scores" not in batch.batch.keys():
             with self._phase("reward", timing_raw):
                 batch = self._compute_reward(batch, metrics)
-        # 4. the old policy's replay by the actor (else the rollout's log-probs are used, checked now and then)
-        if self.recompute_old_log_prob or self._rollout_log_prob_check_due(batch):
+        # 4. the old policy's replay by the actor (else the rollout's log-probs are used, a sample checked now and then)
+        if self.recompute_old_log_prob:
             with self._phase("old_log_prob", timing_raw):
                 batch = self._compute_old_log_prob(batch, metrics)
+        elif self._rollout_log_prob_check_due(batch):
+            with self._phase("old_log_prob", timing_raw):
+                self._check_rollout_log_probs(batch, metrics)
         # 5. the reference's means, for the KL term
         if self.use_reference_policy:
             with self._phase("ref", timing_raw):
@@ -299,28 +303,27 @@ class RayFlowGRPOTrainer(WorkerSetup, ValidationSteps, PPOTrainer):
         batch.batch.update(old)
         if "rollout_log_probs" in batch.batch.keys():
             # the actor replays what the rollout sampled: they agree to numerics (docs/guide/training.md)
-            diff = (old["old_log_probs"] - batch.batch["rollout_log_probs"]).abs().max().item()
-            metrics["old_log_prob/rollout_diff_max"] = diff
-            actor = self.configs.actor
-            if actor.use_rollout_log_probs and diff > actor.rollout_gap_limit:
-                limit = (
-                    "log actor.rollout_correction.rollout_is_threshold"
-                    if actor.rollout_is_truncated
-                    else "actor.clip_ratio"
-                )
-                logger.warning(
-                    "step %d: the actor's log-probs are %.3g from the rollout's, more than %s (%g): the loss divides "
-                    "by the rollout's (actor.use_rollout_log_probs=true), so numerics alone move its ratio that far; "
-                    "check the rollout's weights and dtype, or set actor.use_rollout_log_probs=false",
-                    self.global_steps,
-                    diff,
-                    limit,
-                    actor.rollout_gap_limit,
-                )
+            metrics[rollout_check.GAP_METRIC] = rollout_check.rollout_gap(
+                old["old_log_probs"], batch.batch["rollout_log_probs"], self.configs.actor, self.global_steps
+            )
         return batch
 
+    def _check_rollout_log_probs(self, batch: DataProto, metrics: dict) -> None:
+        """The actor's replay of a sample of the batch (``actor.rollout_log_prob_check_per_prompt`` rows of each
+        prompt group) against the log-probs the loss divides by: only the gap is kept."""
+        rows = rollout_check.check_rows(
+            batch.non_tensor_batch["uid"], self.configs.actor.rollout_log_prob_check_per_prompt
+        )
+        request, pad = rollout_check.check_request(self._actor_input(batch), rows, self.actor_rollout_wg.world_size)
+        old = unpad_dataproto(self.actor_rollout_wg.compute_log_prob(request), pad).batch["old_log_probs"]
+        rollout = batch.batch["rollout_log_probs"][torch.from_numpy(rows)]
+        metrics[rollout_check.GAP_METRIC] = rollout_check.rollout_gap(
+            old, rollout, self.configs.actor, self.global_steps
+        )
+        metrics[rollout_check.CHECK_ROWS_METRIC] = float(len(rows))
+
     def _rollout_log_prob_check_due(self, batch: DataProto) -> bool:
-        """In bypass (the loss divides by the rollout's log-probs), whether this step replays the batch anyway to
+        """In bypass (the loss divides by the rollout's log-probs), whether this step replays a sample anyway to
         log how far the actor is from the rollout (``actor.rollout_log_prob_check_freq``): the run's first step, so a
         rollout that does not match the actor shows before the loss has trained on its ratios, then every N-th."""
         freq = self.configs.actor.rollout_log_prob_check_freq

@@ -83,6 +83,9 @@ class DiffusionActorConfig(BaseConfig):
             phase; the loss keeps the rollout's log-probs) and logs the gap as ``old_log_prob/rollout_diff_max``:
             the bypass assumes that gap is numerics, and a rollout that drifts from the actor (stale weights, a dtype
             or kernel change) shows here instead of as a silently wrong ratio. 0 never checks.
+        rollout_log_prob_check_per_prompt (int): the rows of each prompt group that check replays (the first ones; at
+            most ``rollout_n``): a group's rows come from one rollout replica, so one row of each covers every replica
+            at 1/``rollout_n`` of a full replay's cost, the loss needing none of it. 0 replays every row.
         rollout_correction (RolloutCorrectionConfig): with ``use_rollout_log_probs``, how the loss uses the rollout's
             log-probs (the clipped ratio, or a truncated importance weight that tolerates a bf16 rollout's gap).
         ema_decay (float): full fine-tuning only: d of an exponential moving average of the trained transformer,
@@ -115,6 +118,7 @@ class DiffusionActorConfig(BaseConfig):
     seed: int = 0
     use_rollout_log_probs: bool = False
     rollout_log_prob_check_freq: int = 0
+    rollout_log_prob_check_per_prompt: int = 1
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     ema_decay: float = 0.0
     ulysses_sequence_parallel_size: int = 1
@@ -139,6 +143,12 @@ class DiffusionActorConfig(BaseConfig):
         freq = self.rollout_log_prob_check_freq
         if isinstance(freq, bool) or not isinstance(freq, int) or freq < 0:
             raise ValueError(f"actor.rollout_log_prob_check_freq must be an integer >= 0 (0: never), got {freq!r}")
+        rows = self.rollout_log_prob_check_per_prompt
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= self.rollout_n:
+            raise ValueError(
+                f"actor.rollout_log_prob_check_per_prompt must be an integer in [0, rollout.n = {self.rollout_n}] "
+                f"(the rows of each prompt group the check replays; 0: every row), got {rows!r}"
+            )
         if self.rollout_correction.loss_type != "ppo_clip" and not self.use_rollout_log_probs:
             raise ValueError(
                 f"actor.rollout_correction.loss_type={self.rollout_correction.loss_type} corrects for the rollout's "
