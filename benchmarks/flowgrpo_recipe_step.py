@@ -7,6 +7,8 @@ OCR server (``jpeg_compressibility``: the timing of generation and training does
 what scores the images). Prints, per step and phase, seconds and images per GPU-second, and the steady state:
 the median step after the first ``--warmup-steps`` (the compile steps), leaving out any later step in which the
 actor compiled again (``perf/actor_compiled_graphs`` grew: the first step whose prompts have a new text length).
+With π_old from the rollout checked every K steps (an ``actor.rollout_log_prob_check_freq=K`` override), the check
+steps are summarised apart and ``img_per_gpu_s_with_checks`` is the rate over K steps of which one checks.
 
 ``--gpus N`` runs the launcher with ``NGPUS=N`` (N actor ranks and N colocated rollout replicas on one host);
 keep the per-GPU load with ``--prompts`` = 8 x N (8 prompts x 16 images = 128 images per GPU).
@@ -156,7 +158,7 @@ def report(out: Path, images_per_step: int, gpus: int) -> list[dict]:
 GRAPHS = "perf/actor_compiled_graphs"
 
 
-def steady_state(rows: list[dict], warmup_steps: int) -> dict:
+def steady_state(rows: list[dict], warmup_steps: int, check_freq: int = 0) -> dict:
     """The median step after the compile steps, with each phase's median, as one summary row. The compile steps
     are the first ``warmup_steps`` (the actor's and the rollout's first compiles) and any later step in which the
     actor compiled another graph; they are listed as ``recompiled_steps``.
@@ -164,7 +166,7 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
     With π_old taken from the rollout (``actor.use_rollout_log_probs``) and its check every K steps
     (``actor.rollout_log_prob_check_freq``), the steps that ran the check carry an ``old_log_prob`` phase the others
     skip: the median is over the others (the rate between checks), and the check steps are listed with their median
-    apart, so a K-step average can be formed from both.
+    apart. Given K (``check_freq``), the rate over K steps of which one checks is ``img_per_gpu_s_with_checks``.
     """
     # a step whose actor compiled more graphs than the step before (a new text length, with model.compile_dynamic
     # false) is a compile step too, wherever it falls
@@ -191,8 +193,17 @@ def steady_state(rows: list[dict], warmup_steps: int) -> dict:
     if checks_apart:
         summary["check_steps"] = [row["step"] for row in checked]
         summary["check_step_s"] = round(statistics.median(row["step_s"] for row in checked), 2)
+        if check_freq > 0:
+            period_s = (check_freq - 1) * summary["step_s"] + summary["check_step_s"]
+            summary["img_per_gpu_s_with_checks"] = round(rows[0]["images"] / rows[0]["gpus"] * check_freq / period_s, 3)
     print("[recipe] steady state " + json.dumps(summary), flush=True)
     return summary
+
+
+def check_freq(overrides: list[str]) -> int:
+    """The run's ``actor.rollout_log_prob_check_freq`` from its overrides (0: not given, the launcher's 0)."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].endswith(".rollout_log_prob_check_freq")]
+    return int(given[-1]) if given else 0
 
 
 def main(argv=None):
@@ -221,7 +232,7 @@ def main(argv=None):
     write_parquet(ocr_rows(16, "val", 0, 2), data / "val.parquet")
     run_steps(recipe, args.model, data, args.out / "run", args.prompts, args.steps, args.gpus, args.overrides)
     rows = report(args.out / "run", args.prompts * recipe.samples_per_prompt, args.gpus)
-    summary = steady_state(rows, args.warmup_steps)
+    summary = steady_state(rows, args.warmup_steps, check_freq(args.overrides))
     if args.json:
         args.json.write_text(json.dumps({"steps": rows, "steady_state": summary}, indent=1))
 

@@ -35,6 +35,16 @@ def test_steps_that_ran_the_rollout_log_prob_check_are_summarised_apart(recipe_s
     assert summary["steady_steps"] == 2 and summary["step_s"] == 45.9
     assert "old_log_prob_s" not in summary
     assert summary["check_steps"] == [4] and summary["check_step_s"] == 79.2
+    assert "img_per_gpu_s_with_checks" not in summary, "the check's period is unknown"
+    # checked every 4th step: three steps of 45.9 s and one of 79.2 s
+    summary = recipe_step.steady_state(rows, warmup_steps=1, check_freq=4)
+    assert summary["img_per_gpu_s_with_checks"] == round(64 * 4 / (3 * 45.9 + 79.2), 3)
+
+
+def test_the_check_period_is_read_from_the_overrides(recipe_step):
+    key = "actor_rollout_ref.actor.rollout_log_prob_check_freq"
+    assert recipe_step.check_freq(["trainer.total_training_steps=5", f"{key}=4"]) == 4
+    assert recipe_step.check_freq(["actor_rollout_ref.actor.use_rollout_log_probs=true"]) == 0
 
 
 def test_a_step_in_which_the_actor_compiled_again_is_left_out(recipe_step):
