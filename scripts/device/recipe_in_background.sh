@@ -10,8 +10,10 @@
 # limit: a call cut by its limit returns nothing of what it printed (the run itself goes on).
 # WARMUP=K leaves the first K steps (the compile steps) out of the steady state (default 2: the actor compiles in step 1,
 # the rollout again in step 2, its first engine batch of all the step's requests). A later step in which the actor
-# compiled again (its first new text length, with model.compile_dynamic=false) is left out too: for two steady steps
-# of the Qwen-Image recipe, whose step 3 is such a step, run STEPS=5.
+# compiled again (its first new text length, with model.compile_dynamic=false) is left out too. The Qwen-Image recipe
+# compiles again in step 2 (inside the warm-up) and at the first π_old check after step 1 (the check's forward meets a
+# new text length): with rollout_log_prob_check_freq=4, STEPS=4 leaves steps 3 and 4 steady; STEPS=5 adds the check
+# step 5, left out as a compile step.
 # RECIPE=sd3 runs the SD3.5 recipe instead (benchmarks/flowgrpo_recipe_step.py --recipe); GPUS=N runs it on N GPUs
 # of the host (N actor ranks and N colocated replicas; set PROMPTS=8N for the one-GPU per-GPU load).
 # OUT (the device tool's folder) receives the log and, at the end, the per-step JSON. The GPU's and the host's
