@@ -30,7 +30,8 @@ def tiny_clap_dir(tmp_path_factory):
 
     vocab, merges = train_bpe(300)
     full_vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", "<mask>"])}
-    for token in vocab:
+    # in the trained ids' order: the dict's own order follows the process's hash seed, and with it the tiny model's scores
+    for token in sorted(vocab, key=vocab.get):
         full_vocab.setdefault(token, len(full_vocab))
     tokenizer = RobertaTokenizer(vocab=full_vocab, merges=merges, model_max_length=32)
     features = ClapFeatureExtractor(
