@@ -24,6 +24,9 @@
 #   CUDA_VISIBLE_DEVICES=0 START=1 TAG=a WAIT=5 bash scripts/device/recipe_in_background.sh [overrides of a]
 #   CUDA_VISIBLE_DEVICES=1 START=1 TAG=b SHARE_MODEL_OF=a WAIT=500 bash scripts/device/recipe_in_background.sh [...]
 #   TAG=a WAIT=540 bash scripts/device/recipe_in_background.sh; TAG=b WAIT=5 bash scripts/device/recipe_in_background.sh
+# AFTER (a regular expression, default '^\[recipe\] wrote') is the line of the first run's log the second waits for:
+# AFTER='^step:1 ' starts it once the first has compiled its step 1, so that it compiles from the inductor cache the
+# first wrote on the host (a warm start, beside the first run's cold one).
 set -uo pipefail
 run=/tmp/recipe${TAG:+_$TAG}
 log=$run.log
@@ -36,9 +39,10 @@ if [ -n "${START:-}" ]; then
     write=""
     wait_for=/tmp/recipe_$SHARE_MODEL_OF.log
   fi
-  # $0 of the inner shell: the log whose "wrote" line this run waits for (none: start at once; nor once its run is gone)
-  setsid nohup bash -c 'until [ -z "$0" ] || grep -qs "^\[recipe\] wrote" "$0" || ! kill -0 "$(cat "${0%.log}.pid")" 2> /dev/null; do
-    sleep 5; done; exec "$@"' "$wait_for" \
+  # $0 of the inner shell: the log whose AFTER line this run waits for (none: start at once; nor once its run is gone)
+  # $1 of the inner shell: the line to wait for
+  setsid nohup bash -c 'until [ -z "$0" ] || grep -qsE "$1" "$0" || ! kill -0 "$(cat "${0%.log}.pid")" 2> /dev/null; do
+    sleep 5; done; shift; exec "$@"' "$wait_for" "${AFTER:-^\[recipe\] wrote}" \
     python3 benchmarks/flowgrpo_recipe_step.py --recipe "$recipe" --model "/tmp/model_$recipe" $write \
     --prompts "${PROMPTS:-8}" --steps "${STEPS:-3}" --warmup-steps "${WARMUP:-2}" --gpus "${GPUS:-1}" \
     --out "$run" --json "$run.json" "$@" \
