@@ -22,9 +22,9 @@ no autocast.
 
 ``--checkpoint-fractions`` and ``--reshard-after-forward`` measure memory against recompute side by side at each
 micro-batch, on the same model: the share of blocks recomputed in the backward
-(``model.gradient_checkpointing_fraction``; each row's FLOPs are counted as that row runs, so a row that recomputes less counts fewer), and whether FSDP2 gathers
-the parameters again for the backward (``actor.engine.reshard_after_forward``; on one rank the gather is a copy of
-every parameter).
+(``model.gradient_checkpointing_fraction``; each row's FLOPs are counted as that row runs, so a row that recomputes
+less counts fewer), and whether FSDP2 gathers the parameters again for the backward
+(``actor.engine.reshard_after_forward``; on one rank the gather is a copy of every parameter).
 """
 
 from __future__ import annotations

@@ -31,7 +31,5 @@ def test_check_request_splits_evenly_over_the_ranks_and_unpads_to_the_rows(ranks
     # what Dispatch.DP_COMPUTE_PROTO does with it: one equal chunk per rank, each keeping the meta-info
     chunks = request.chunk(ranks)
     assert {len(c) for c in chunks} == {len(request) // ranks}
-    assert all(c.meta_info == {"sampling_spec": "spec", "old_outputs": ["log_probs"]} for c in chunks)
+    assert all(c.meta_info == {"sampling_spec": "spec"} for c in chunks)
     assert unpad_dataproto(request, pad).batch["latents"].flatten().tolist() == [0.0, 2.0, 4.0, 6.0]
-    # the batch's own meta-info is not the request's: the update keeps asking for what the algorithm needs
-    assert "old_outputs" not in actor_input.meta_info

@@ -41,12 +41,10 @@ def check_rows(uids: np.ndarray, per_prompt: int) -> np.ndarray:
 
 
 def check_request(actor_input: DataProto, rows: np.ndarray, ranks: int) -> tuple[DataProto, int]:
-    """The actor's input for the check: ``rows`` of ``actor_input``, asking for log-probs only, with its first rows
-    repeated up to a multiple of ``ranks`` (the worker group splits a batch evenly); the number repeated, whose
-    outputs :func:`verl.protocol.unpad_dataproto` drops."""
-    request = actor_input.select_idxs(rows)
-    request.meta_info = {**request.meta_info, "old_outputs": ["log_probs"]}
-    return pad_dataproto_to_divisor(request, ranks)
+    """The actor's input for the check: ``rows`` of ``actor_input`` (which names no old outputs, so the replay
+    returns log-probs only), its first rows repeated up to a multiple of ``ranks`` (the worker group splits a batch
+    evenly); and the number repeated, whose outputs :func:`verl.protocol.unpad_dataproto` drops."""
+    return pad_dataproto_to_divisor(actor_input.select_idxs(rows), ranks)
 
 
 def rollout_gap(

@@ -79,10 +79,11 @@ class DiffusionActorConfig(BaseConfig):
             because the rollout always samples with the actor's current weights (synced every
             step); the two agree to numerics (``docs/guide/training.md``).
         rollout_log_prob_check_freq (int): with ``use_rollout_log_probs``, at the first step and every this many
-            steps after (steps 1, 1 + N, 1 + 2N, ...) the actor still replays a sample of the batch (the ``old_log_prob``
-            phase; the loss keeps the rollout's log-probs) and logs the gap as ``old_log_prob/rollout_diff_max``:
-            the bypass assumes that gap is numerics, and a rollout that drifts from the actor (stale weights, a dtype
-            or kernel change) shows here instead of as a silently wrong ratio. 0 never checks.
+            steps after (steps 1, 1 + N, 1 + 2N, ...) the actor still replays a sample of the batch (the
+            ``old_log_prob`` phase; the loss keeps the rollout's log-probs) and logs the gap as
+            ``old_log_prob/rollout_diff_max``: the bypass assumes that gap is numerics, and a rollout that drifts from
+            the actor (stale weights, a dtype or kernel change) shows here instead of as a silently wrong ratio.
+            0 never checks.
         rollout_log_prob_check_per_prompt (int): the rows of each prompt group that check replays (the first ones; at
             most ``rollout_n``): a group's rows come from one rollout replica, so one row of each covers every replica
             at 1/``rollout_n`` of a full replay's cost, the loss needing none of it. 0 replays every row.
